@@ -1,0 +1,482 @@
+#!/usr/bin/env bash
+# build.sh: fetch the pinned llama.cpp, apply onebit-predict's patch series, build and test it,
+# and move the series to another pin or a user's own llama.cpp checkout.
+#
+# ./build.sh help lists the subcommands. Everything slow is cached outside the checkout, under
+# $ONEBIT_CACHE (default ~/.cache/onebit-predict), keyed by pin, series hash and build flags.
+#
+# exit codes: 0 ok, 1 a step failed (build, test, check, conflict), 2 usage or input error
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CACHE=${ONEBIT_CACHE:-$HOME/.cache/onebit-predict}
+PATCHES=$ROOT/patches
+SERIES=$PATCHES/series
+JOBS=${ONEBIT_JOBS:-$(nproc)}
+PYTHON=${PYTHON:-python3}
+
+# patches are applied and exported under a fixed identity and date, so the same series always
+# yields the same commits and a byte-identical export
+export GIT_COMMITTER_NAME=onebit-predict GIT_COMMITTER_EMAIL=onebit-predict@invalid
+export GIT_COMMITTER_DATE="2000-01-01T00:00:00 +0000"
+GIT=(git -c core.autocrlf=false -c core.abbrev=12 -c diff.noprefix=false -c diff.mnemonicPrefix=false
+     -c diff.renames=true -c format.signature= -c commit.gpgsign=false -c am.threeWay=false -c init.defaultBranch=main
+     -c advice.detachedHead=false)
+PRISTINE_TAG=onebit-pristine
+WORK_BRANCH=onebit
+
+CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=OFF
+             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+             -DGGML_NATIVE=ON -DGGML_CCACHE=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF)
+TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict onebit-tiny-gguf)
+
+STEP=""
+LOG=""
+
+# --- output ---------------------------------------------------------------------------------
+say()  { printf '%s\n' "$*" >&2; }
+step() { STEP=$1; say "==> $1"; }
+die()  { say "error: $1"; exit "${2:-1}"; }
+usage_error() { say "error: $1"; say "run './build.sh help' for the subcommands"; exit 2; }
+
+# run a command with its output in a log; on failure name the step, the log and what to do
+run_logged() {
+    local hint=$1; shift
+    if ! "$@" >>"$LOG" 2>&1; then
+        say "error: step '$STEP' failed; its log: $LOG"
+        tail -n 25 "$LOG" | sed 's/^/    /' >&2
+        say "what to do: $hint"
+        exit 1
+    fi
+}
+
+usage() {
+    cat <<'EOF'
+usage: ./build.sh [SUBCOMMAND] [OPTIONS]
+
+  (none) | build      fetch the pinned sdist (sha256 checked), apply patches/series with git am -3,
+                      build llama.cpp (shared libs, tests, CPU) and set up .venv with this package
+  test                build if needed, then ctest -L onebit and pytest (the README's test command)
+  check               lint the series, apply it to a clean pristine tree without fuzz, re-export it
+                      and fail if the export differs from patches/ by a byte
+  rebase --to VERSION apply the series to the llama.cpp of llama-cpp-python==VERSION
+  rebase --tree DIR   apply the series to your own llama.cpp git checkout (current branch)
+  export [--from DIR] regenerate patches/ from a work tree (default: the pinned work tree)
+  pristine            build the unpatched pin too (for side-by-side benchmarks)
+  help                this text
+
+environment: ONEBIT_CACHE (cache root, default ~/.cache/onebit-predict), ONEBIT_JOBS (build jobs),
+             PYTHON (interpreter for .venv, default python3)
+exit codes:  0 ok, 1 a step failed, 2 usage or input error
+EOF
+}
+
+# --- the pin and the series -----------------------------------------------------------------
+pin_value() {
+    local key=$1 value
+    [[ -f $PATCHES/PIN ]] || die "patches/PIN is missing" 2
+    value=$(sed -n "s/^$key=//p" "$PATCHES/PIN" | head -n 1)
+    [[ -n $value ]] || die "patches/PIN has no '$key='" 2
+    printf '%s' "$value"
+}
+
+# the patch files in series order; fails on a listed file that does not exist
+series_files() {
+    [[ -f $SERIES ]] || die "patches/series is missing" 2
+    local name
+    while IFS= read -r name || [[ -n $name ]]; do
+        name=${name%%#*}
+        name=$(printf '%s' "$name" | tr -d '[:space:]')
+        [[ -z $name ]] && continue
+        [[ -f $PATCHES/$name ]] || die "patches/series lists '$name', which is not in patches/" 2
+        printf '%s\n' "$PATCHES/$name"
+    done <"$SERIES"
+}
+
+series_hash() {
+    local files
+    files=$(series_files)
+    { cat "$SERIES"; [[ -z $files ]] || cat $files; } | sha256sum | cut -c1-16
+}
+
+flags_hash() {
+    printf '%s\n' "${CMAKE_FLAGS[@]}" "${TEST_TARGETS[@]}" | sha256sum | cut -c1-12
+}
+
+# --- the sdist and the pristine tree --------------------------------------------------------
+sdist_path() { printf '%s/sdist/llama_cpp_python-%s.tar.gz' "$CACHE" "$1"; }
+
+# fetch llama-cpp-python==VERSION's sdist with pip; verify it when a sha256 is given
+fetch_sdist() {
+    local version=$1 sha=$2 path
+    path=$(sdist_path "$version")
+    if [[ ! -f $path ]]; then
+        step "fetch llama-cpp-python==$version (sdist)"
+        mkdir -p "$CACHE/sdist"
+        local tmp
+        tmp=$(mktemp -d "$CACHE/sdist/.fetch.XXXXXX")
+        run_logged "check the network to PyPI, or put the sdist at $path" \
+            "$PYTHON" -m pip download --no-deps --no-binary :all: -d "$tmp" "llama-cpp-python==$version"
+        mv "$tmp"/llama_cpp_python-"$version".tar.gz "$path"
+        rm -rf "$tmp"
+    fi
+    step "verify the sdist"
+    local actual
+    actual=$(sha256sum "$path" | cut -d' ' -f1)
+    if [[ -n $sha && $actual != "$sha" ]]; then
+        say "error: $path has sha256 $actual"
+        say "       patches/PIN expects    $sha"
+        say "what to do: delete $path and run again to fetch it anew; if PyPI really serves another file, the pin must be reviewed"
+        exit 1
+    fi
+    [[ -n $sha ]] || say "notice: llama-cpp-python==$version is not the pin: sha256 $actual (unverified)"
+}
+
+# a git repo of the sdist's vendored llama.cpp, one commit tagged onebit-pristine
+pristine_tree() {
+    local version=$1 dir=$CACHE/src/$version/pristine
+    if [[ -f $dir/.onebit-ok ]]; then
+        printf '%s' "$dir"
+        return
+    fi
+    step "unpack the vendored llama.cpp of $version"
+    rm -rf "$dir" "$dir.tmp"
+    mkdir -p "$dir.tmp"
+    run_logged "the sdist may be damaged: delete $(sdist_path "$version") and run again" \
+        tar -xzf "$(sdist_path "$version")" -C "$dir.tmp" --strip-components=3 "llama_cpp_python-$version/vendor/llama.cpp"
+    rm -f "$dir.tmp/.git" # a submodule pointer in the sdist
+    (
+        cd "$dir.tmp"
+        run_logged "see the log" "${GIT[@]}" init -q
+        run_logged "see the log" "${GIT[@]}" add -A -f
+        GIT_AUTHOR_NAME=onebit-pristine GIT_AUTHOR_EMAIL=pristine@onebit.invalid \
+            GIT_AUTHOR_DATE="2000-01-01T00:00:00 +0000" \
+            run_logged "see the log" "${GIT[@]}" commit -q -m "pristine llama.cpp from llama-cpp-python $version"
+        run_logged "see the log" "${GIT[@]}" tag "$PRISTINE_TAG"
+    )
+    touch "$dir.tmp/.onebit-ok"
+    mv "$dir.tmp" "$dir"
+    printf '%s' "$dir"
+}
+
+# apply the series to a fresh clone of the pristine tree in DEST (atomically: only a fully
+# patched tree ever appears at DEST); mode "-3" or "" (plain: no three-way, no fuzz)
+apply_series() {
+    local pristine=$1 dest=$2 mode=$3 files
+    files=$(series_files)
+    rm -rf "$dest" "$dest.tmp"
+    mkdir -p "$(dirname "$dest")"
+    run_logged "see the log" "${GIT[@]}" clone -q --no-hardlinks "$pristine" "$dest.tmp"
+    run_logged "see the log" "${GIT[@]}" -C "$dest.tmp" checkout -q -b "$WORK_BRANCH" "$PRISTINE_TAG"
+    if [[ -n $files ]]; then
+        # shellcheck disable=SC2086
+        if ! "${GIT[@]}" -C "$dest.tmp" am -q $mode --keep-cr $files >>"$LOG" 2>&1; then
+            local failed
+            failed=$(cat "$dest.tmp/.git/rebase-apply/patch-name" 2>/dev/null \
+                || sed -n 's/^Subject: //p' "$dest.tmp/.git/rebase-apply/final-commit" 2>/dev/null || true)
+            say "error: the series does not apply to the pristine tree (patch: ${failed:-see log}); log: $LOG"
+            tail -n 15 "$LOG" | sed 's/^/    /' >&2
+            rm -rf "$dest.tmp"
+            say "what to do: fix the patch in patches/ (or rebase it with ./build.sh rebase) and run again"
+            exit 1
+        fi
+    fi
+    touch "$dest.tmp/.onebit-ok"
+    mv "$dest.tmp" "$dest"
+}
+
+export_series_from() {
+    local tree=$1 base=$2 out=$3
+    rm -rf "$out"
+    mkdir -p "$out"
+    "${GIT[@]}" -C "$tree" format-patch -q --zero-commit --no-signature --no-numbered -o "$out" "$base..HEAD" >>"$LOG" 2>&1
+    (cd "$out" && ls -1 ./*.patch 2>/dev/null | sed 's|^\./||' >series)
+}
+
+# --- build ----------------------------------------------------------------------------------
+current_env() {
+    local key=$1 value=$2 file=$ROOT/build/current.env
+    mkdir -p "$ROOT/build"
+    touch "$file"
+    sed -i "/^$key=/d" "$file"
+    printf '%s=%s\n' "$key" "$value" >>"$file"
+}
+
+build_tree() {
+    local tree=$1 bdir=$2 key=$3
+    shift 3
+    local targets=("$@")
+    if [[ -f $bdir/.onebit-stamp && $(cat "$bdir/.onebit-stamp") == "$key" ]]; then
+        say "==> build $bdir is up to date"
+        return
+    fi
+    rm -f "$bdir/.onebit-stamp"
+    mkdir -p "$bdir/onebit"
+    cp "$ROOT/ctest_port/cases.tsv" "$bdir/onebit/cases.tsv"
+    step "configure llama.cpp (CMake)"
+    run_logged "install cmake and a C++17 compiler, then run again" \
+        cmake -S "$tree" -B "$bdir" "${CMAKE_FLAGS[@]}" -DONEBIT_POLICY_CASES="$bdir/onebit/cases.tsv"
+    step "compile ${targets[*]} ($JOBS jobs; the first build takes several minutes)"
+    run_logged "read the compiler error in the log; if a patch is at fault, fix it in patches/" \
+        cmake --build "$bdir" -j "$JOBS" --target "${targets[@]}"
+    printf '%s' "$key" >"$bdir/.onebit-stamp"
+}
+
+lib_dir_of() {
+    local so
+    so=$(find "$1" -name 'libllama.so' -print -quit)
+    [[ -n $so ]] || die "libllama.so not found under $1" 1
+    dirname "$so"
+}
+
+venv_dir() {
+    if [[ -n ${VIRTUAL_ENV:-} ]]; then
+        printf '%s' "$VIRTUAL_ENV"
+    else
+        printf '%s' "$ROOT/.venv"
+    fi
+}
+
+setup_python() {
+    local version=$1 venv key
+    venv=$(venv_dir)
+    key="$version $(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+    if [[ -f $venv/.onebit-stamp && $(cat "$venv/.onebit-stamp") == "$key" ]]; then
+        say "==> python environment $venv is up to date"
+        return
+    fi
+    if [[ ! -x $venv/bin/python ]]; then
+        step "create the virtualenv $venv"
+        run_logged "install python3-venv (Debian) and run again" "$PYTHON" -m venv "$venv"
+    fi
+    step "install llama-cpp-python==$version (Python part only, it loads the patched libllama)"
+    CMAKE_ARGS="-DLLAMA_BUILD=OFF -DLLAVA_BUILD=OFF -DMTMD_BUILD=OFF" \
+        run_logged "see the log; pip needs PyPI for scikit-build-core" \
+        "$venv/bin/python" -m pip install -q "$(sdist_path "$version")"
+    step "install onebit-predict (editable) and its test dependencies"
+    run_logged "see the log" "$venv/bin/python" -m pip install -q -e "$ROOT[test]"
+    printf '%s' "$key" >"$venv/.onebit-stamp"
+}
+
+cmd_build() {
+    local version sha tree bdir key
+    version=$(pin_value version)
+    sha=$(pin_value sha256)
+    mkdir -p "$CACHE/logs"
+    LOG=$CACHE/logs/build-$version.log
+    : >"$LOG"
+    fetch_sdist "$version" "$sha"
+    local pristine
+    pristine=$(pristine_tree "$version")
+    key="$version-$(series_hash)-$(flags_hash)"
+    tree=$CACHE/src/$version/work-$(series_hash)
+    if [[ ! -f $tree/.onebit-ok ]]; then
+        step "apply patches/series (git am -3)"
+        apply_series "$pristine" "$tree" -3
+    fi
+    bdir=$CACHE/build/$key
+    build_tree "$tree" "$bdir" "$key" "${TEST_TARGETS[@]}"
+    current_env LLAMA_TREE "$tree"
+    current_env LLAMA_BUILD_DIR "$bdir"
+    current_env LLAMA_LIB_DIR "$(lib_dir_of "$bdir")"
+    setup_python "$version"
+    say "==> done: patched libllama in $(lib_dir_of "$bdir")"
+}
+
+cmd_test() {
+    cmd_build
+    local bdir venv rc=0
+    bdir=$(sed -n 's/^LLAMA_BUILD_DIR=//p' "$ROOT/build/current.env")
+    venv=$(venv_dir)
+    step "ctest -L onebit"
+    (cd "$bdir" && ctest -L onebit --output-on-failure) || rc=1
+    step "pytest"
+    (cd "$ROOT" && "$venv/bin/python" -m pytest -q) || rc=1
+    if [[ $rc -ne 0 ]]; then
+        say "error: tests failed (see above)"
+    fi
+    return $rc
+}
+
+cmd_check() {
+    local version sha pristine tmp problems=0
+    version=$(pin_value version)
+    sha=$(pin_value sha256)
+    mkdir -p "$CACHE/logs"
+    LOG=$CACHE/logs/check.log
+    : >"$LOG"
+
+    step "lint patches/series"
+    local listed=() name
+    while IFS= read -r name; do
+        listed+=("$(basename "$name")")
+    done < <(series_files)
+    [[ ${#listed[@]} -gt 0 ]] || { say "error: patches/series lists no patch"; problems=1; }
+    local dups
+    dups=$(printf '%s\n' "${listed[@]}" | sort | uniq -d)
+    [[ -z $dups ]] || { say "error: listed twice in patches/series: $dups"; problems=1; }
+    local f
+    for f in "$PATCHES"/*.patch; do
+        [[ -e $f ]] || continue
+        printf '%s\n' "${listed[@]}" | grep -qxF "$(basename "$f")" \
+            || { say "error: $(basename "$f") is in patches/ but not in patches/series"; problems=1; }
+    done
+    for name in "${listed[@]}"; do
+        local p=$PATCHES/$name
+        for section in "Why:" "Hooks:" "Drop when:"; do
+            grep -q "^$section" "$p" || { say "error: $name has no '$section' line in its header"; problems=1; }
+        done
+    done
+    [[ $problems -eq 0 ]] || exit 1
+
+    fetch_sdist "$version" "$sha"
+    pristine=$(pristine_tree "$version")
+    tmp=$(mktemp -d "${TMPDIR:-/tmp}/onebit-check.XXXXXX")
+    trap 'rm -rf "$tmp"' EXIT
+    step "apply the series to a clean pristine tree (git am, no three-way, no fuzz)"
+    apply_series "$pristine" "$tmp/tree" ""
+    step "re-export and compare with patches/"
+    export_series_from "$tmp/tree" "$PRISTINE_TAG" "$tmp/export"
+    if ! diff -u "$SERIES" "$tmp/export/series" >&2; then
+        say "error: the re-exported series differs from patches/series"
+        exit 1
+    fi
+    for name in "${listed[@]}"; do
+        if ! cmp -s "$PATCHES/$name" "$tmp/export/$name"; then
+            say "error: re-exporting $name differs from the committed file:"
+            diff -u "$PATCHES/$name" "$tmp/export/$name" | head -n 40 >&2 || true
+            exit 1
+        fi
+    done
+    say "==> check passed: ${#listed[@]} patch(es) apply without fuzz and re-export byte-identically"
+}
+
+# stop on a conflict with the patch, the files and the commands to finish
+conflict_help() {
+    local tree=$1 patch files
+    patch=$(cat "$tree/.git/rebase-apply/patch-name" 2>/dev/null || true)
+    [[ -n $patch ]] || patch=$(sed -n 's/^Subject: //p' "$tree/.git/rebase-apply/final-commit" 2>/dev/null | head -n 1)
+    files=$("${GIT[@]}" -C "$tree" diff --name-only --diff-filter=U 2>/dev/null || true)
+    say "error: conflict while applying ${patch:-a patch} in $tree"
+    [[ -z $files ]] || say "conflicting files:" && printf '    %s\n' $files >&2
+    say "to resolve:"
+    say "    cd $tree"
+    say "    # edit the files, then:"
+    say "    git add <files> && git am --continue      # or: git am --skip / git am --abort"
+    say "to export the rebased series into patches/ afterwards:"
+    say "    $ROOT/build.sh export --from $tree"
+}
+
+cmd_rebase() {
+    local to="" tree_dir=""
+    while [[ $# -gt 0 ]]; do
+        case $1 in
+            --to)   [[ $# -ge 2 ]] || usage_error "--to needs a VERSION"; to=$2; shift 2 ;;
+            --tree) [[ $# -ge 2 ]] || usage_error "--tree needs a DIR"; tree_dir=$2; shift 2 ;;
+            *) usage_error "rebase: unknown option '$1'" ;;
+        esac
+    done
+    [[ -n $to || -n $tree_dir ]] || usage_error "rebase needs --to VERSION or --tree DIR"
+    [[ -z $to || -z $tree_dir ]] || usage_error "rebase takes --to or --tree, not both"
+    mkdir -p "$CACHE/logs"
+    LOG=$CACHE/logs/rebase.log
+    : >"$LOG"
+
+    local files
+    files=$(series_files)
+    local target
+    if [[ -n $to ]]; then
+        [[ $to =~ ^[0-9]+(\.[0-9]+)*$ ]] || usage_error "--to '$to' is not a version number"
+        local sha=""
+        [[ $to != "$(pin_value version)" ]] || sha=$(pin_value sha256)
+        fetch_sdist "$to" "$sha"
+        local pristine
+        pristine=$(pristine_tree "$to")
+        target=$CACHE/rebase/$to
+        rm -rf "$target"
+        mkdir -p "$(dirname "$target")"
+        run_logged "see the log" "${GIT[@]}" clone -q --no-hardlinks "$pristine" "$target"
+        run_logged "see the log" "${GIT[@]}" -C "$target" checkout -q -b "$WORK_BRANCH" "$PRISTINE_TAG"
+    else
+        [[ -d $tree_dir ]] || usage_error "--tree '$tree_dir' is not a directory"
+        target=$(cd "$tree_dir" && pwd)
+        "${GIT[@]}" -C "$target" rev-parse --git-dir >/dev/null 2>&1 || usage_error "--tree '$tree_dir' is not a git checkout"
+        [[ -z $("${GIT[@]}" -C "$target" status --porcelain --untracked-files=no) ]] \
+            || usage_error "--tree '$tree_dir' has uncommitted changes; commit or stash them first"
+    fi
+    # remember where the series starts, for ./build.sh export --from
+    "${GIT[@]}" -C "$target" rev-parse HEAD >"$("${GIT[@]}" -C "$target" rev-parse --absolute-git-dir)/onebit-base"
+
+    step "apply patches/series to $target (git am -3)"
+    # shellcheck disable=SC2086
+    if ! "${GIT[@]}" -C "$target" am -q -3 --keep-cr $files >>"$LOG" 2>&1; then
+        conflict_help "$target"
+        exit 1
+    fi
+    say "==> the series applies to $target"
+}
+
+cmd_export() {
+    local from=""
+    while [[ $# -gt 0 ]]; do
+        case $1 in
+            --from) [[ $# -ge 2 ]] || usage_error "--from needs a DIR"; from=$2; shift 2 ;;
+            *) usage_error "export: unknown option '$1'" ;;
+        esac
+    done
+    mkdir -p "$CACHE/logs"
+    LOG=$CACHE/logs/export.log
+    : >"$LOG"
+    [[ -n $from ]] || from=$CACHE/src/$(pin_value version)/work-$(series_hash)
+    [[ -d $from ]] || usage_error "no work tree at '$from' (run ./build.sh first or pass --from DIR)"
+    local gitdir base
+    gitdir=$("${GIT[@]}" -C "$from" rev-parse --absolute-git-dir 2>/dev/null) || usage_error "'$from' is not a git checkout"
+    if [[ -f $gitdir/onebit-base ]]; then
+        base=$(cat "$gitdir/onebit-base")
+    else
+        base=$PRISTINE_TAG
+    fi
+    [[ ! -d $gitdir/rebase-apply ]] || die "'$from' is in the middle of git am: finish it (git am --continue) first" 1
+    local tmp
+    tmp=$(mktemp -d)
+    export_series_from "$from" "$base" "$tmp"
+    rm -f "$PATCHES"/*.patch
+    cp "$tmp"/*.patch "$PATCHES"/
+    cp "$tmp/series" "$SERIES"
+    rm -rf "$tmp"
+    say "==> exported $(grep -c . "$SERIES") patch(es) from $from into patches/"
+}
+
+cmd_pristine() {
+    local version sha pristine bdir key
+    version=$(pin_value version)
+    sha=$(pin_value sha256)
+    mkdir -p "$CACHE/logs"
+    LOG=$CACHE/logs/pristine-$version.log
+    : >"$LOG"
+    fetch_sdist "$version" "$sha"
+    pristine=$(pristine_tree "$version")
+    key="$version-pristine-$(flags_hash)"
+    bdir=$CACHE/build/$key
+    # the pristine tree has no onebit tests: build the library alone
+    build_tree "$pristine" "$bdir" "$key" llama
+    current_env PRISTINE_LIB_DIR "$(lib_dir_of "$bdir")"
+    say "==> done: unpatched libllama in $(lib_dir_of "$bdir")"
+}
+
+main() {
+    local cmd=${1:-build}
+    [[ $# -eq 0 ]] || shift
+    case $cmd in
+        build)    [[ $# -eq 0 ]] || usage_error "build takes no arguments"; cmd_build ;;
+        test)     [[ $# -eq 0 ]] || usage_error "test takes no arguments"; cmd_test ;;
+        check)    [[ $# -eq 0 ]] || usage_error "check takes no arguments"; cmd_check ;;
+        rebase)   cmd_rebase "$@" ;;
+        export)   cmd_export "$@" ;;
+        pristine) [[ $# -eq 0 ]] || usage_error "pristine takes no arguments"; cmd_pristine ;;
+        help|-h|--help) usage ;;
+        *) usage_error "unknown subcommand '$cmd'" ;;
+    esac
+}
+
+main "$@"

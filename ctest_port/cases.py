@@ -1,0 +1,171 @@
+"""Read ctest_port/cases.tsv, the policy unit cases shared by the C++ ctest and pytest.
+
+The format is described at the top of cases.tsv and in ctest_port/README.md. Every case
+carries the line it came from, so a failure names the line to look at.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple, Optional, Union
+
+import numpy as np
+
+from onebit_predict.policy import MODES, Env
+
+CASES_TSV = Path(__file__).with_name("cases.tsv")
+UNSET = "@"
+EMPTY = '""'
+ESCAPES = {"s": " ", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "\\": "\\"}
+HEX_DIGITS = "0123456789abcdefABCDEF"
+
+
+class DepthCase(NamedTuple):
+    line: int
+    req: int
+    n_expert: int
+    n_used: int
+    expected: int
+
+
+class MinCase(NamedTuple):
+    line: int
+    req: int
+    depth: int
+    n_used: int
+    expected: int
+
+
+class ReadCase(NamedTuple):
+    line: int
+    logits: tuple[float, ...]  # binary32 values
+    depth: int
+    margin: float
+    min_read: int
+    expected: int
+
+
+class LayersCase(NamedTuple):
+    line: int
+    spec: Optional[str]
+    n_layer: int
+    layers: frozenset[int]
+    n_warnings: int
+
+
+class PolicyCase(NamedTuple):
+    line: int
+    env: Env
+    n_layer: int
+    n_expert: int
+    n_used: int
+    mode: int
+    depth: int
+    margin: float
+    min_read: int
+    n_layer_predicted: int
+    no_attn: bool
+    stats: bool
+    n_warnings: int
+
+
+Case = Union[DepthCase, MinCase, ReadCase, LayersCase, PolicyCase]
+
+
+class CaseFormatError(ValueError):
+    """A line of the case file does not follow its format."""
+
+
+def _code_point(hex4: str) -> str:
+    cp = int(hex4, 16) if len(hex4) == 4 and all(h in HEX_DIGITS for h in hex4) else 0
+    if cp == 0 or 0xD800 <= cp <= 0xDFFF:
+        raise CaseFormatError(f"bad escape \\u{hex4}")
+    return chr(cp)
+
+
+def _string(field: str) -> Optional[str]:
+    """An environment string: '@' is unset, '""' is empty, escapes as the file header says."""
+    if field == UNSET:
+        return None
+    if field == EMPTY:
+        return ""
+    out: list[str] = []
+    i = 0
+    while i < len(field):
+        c = field[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+        elif field[i + 1:i + 2] == "u":
+            out.append(_code_point(field[i + 2:i + 6]))
+            i += 6
+        elif field[i + 1:i + 2] in ESCAPES:
+            out.append(ESCAPES[field[i + 1]])
+            i += 2
+        else:
+            raise CaseFormatError(f"bad escape in {field!r}")
+    return "".join(out)
+
+
+def _float32(field: str) -> float:
+    with np.errstate(over="ignore"):
+        return float(np.float32(float(field)))
+
+
+def _flag(field: str) -> bool:
+    if field not in ("0", "1"):
+        raise CaseFormatError(f"{field!r} is not 0 or 1")
+    return field == "1"
+
+
+def _layer_list(field: str) -> frozenset[int]:
+    if field == "-":
+        return frozenset()
+    layers: set[int] = set()
+    for item in field.split(","):
+        lo, _, hi = item.partition("-")
+        layers.update(range(int(lo), int(hi or lo) + 1))
+    return frozenset(layers)
+
+
+def _case(line: int, f: list[str]) -> Case:
+    kind, n = f[0], len(f)
+    if kind == "depth" and n == 5:
+        return DepthCase(line, *map(int, f[1:]))
+    if kind == "min" and n == 5:
+        return MinCase(line, *map(int, f[1:]))
+    if kind == "read" and n == 6:
+        logits = tuple(_float32(x) for x in f[1].split(","))
+        case = ReadCase(line, logits, int(f[2]), _float32(f[3]), int(f[4]), int(f[5]))
+        if case.depth > len(logits):
+            raise CaseFormatError(f"depth {case.depth} is longer than the row")
+        return case
+    if kind == "layers" and n == 5:
+        return LayersCase(line, _string(f[1]), int(f[2]), _layer_list(f[3]), int(f[4]))
+    if kind == "policy" and n == 19:
+        return PolicyCase(
+            line, Env(*map(_string, f[1:8])), int(f[8]), int(f[9]), int(f[10]),
+            MODES[f[11]], int(f[12]), _float32(f[13]), int(f[14]), int(f[15]), _flag(f[16]), _flag(f[17]), int(f[18]),
+        )
+    raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")
+
+
+def read_cases(path: Path = CASES_TSV) -> list[Case]:
+    """Every case of the file, in file order; CaseFormatError names the first bad line."""
+    cases: list[Case] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        lines = f.read().split("\n")
+    for number, text in enumerate(lines, start=1):
+        text = text.removesuffix("\r")
+        if not text or text.startswith("#"):
+            continue
+        fields = text.split("\t")
+        try:
+            if "" in fields:
+                raise CaseFormatError("empty field")
+            cases.append(_case(number, fields))
+        except (ValueError, KeyError) as e:
+            raise CaseFormatError(f"{path}:{number}: {e}") from e
+    if not cases:
+        raise CaseFormatError(f"{path}: no cases")
+    return cases

@@ -1,0 +1,147 @@
+"""``onebit-trace MODEL.gguf --mode router|block --out TRACE``: record a P/A trace.
+
+Runs a model on the patched llama.cpp with the predictor's environment set for that one
+context: a prefill of the prompt, then ``--generate`` greedy tokens one at a time, and
+writes the trace (docs/trace-format.md). ``--stats`` prints ``onebit-stats`` on it.
+
+Exit codes: 0 ok, 1 the run failed, 2 usage or input error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import cli_stats
+from .constants import (
+    ENV_DEPTH,
+    ENV_LAYERS,
+    ENV_MARGIN,
+    ENV_MIN,
+    ENV_MODE,
+    ENV_NO_ATTN,
+    ENV_OUT,
+    ENV_STATS,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+)
+from .paths import NotBuiltError
+from .runner import Context, ContextSettings, Model, RunError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="onebit-trace", description=__doc__.splitlines()[0])
+    p.add_argument("model", type=Path, help="the GGUF to run")
+    p.add_argument("--mode", required=True, choices=("off", "router", "block"))
+    p.add_argument("--out", required=True, type=Path, help="the trace to write")
+    p.add_argument("--depth", help=f"{ENV_DEPTH}")
+    p.add_argument("--margin", help=f"{ENV_MARGIN}")
+    p.add_argument("--min", help=f"{ENV_MIN}")
+    p.add_argument("--layers", help=f"{ENV_LAYERS} (e.g. 1,2,5-9)")
+    p.add_argument("--no-attn", action="store_true", help=f"{ENV_NO_ATTN}=1 (block without the mixer)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", help="prompt text (needs a model with a tokenizer)")
+    src.add_argument("--prompt-file", type=Path, help="read the prompt text from a file")
+    src.add_argument("--tokens", type=int, help="N ids of the built-in token stream (models without a tokenizer)")
+    p.add_argument("--generate", type=int, default=32, help="greedy tokens decoded one by one after the prefill")
+    p.add_argument("--seed", type=int, default=0, help="seed of the built-in token stream")
+    p.add_argument("--ctx", type=int, default=512, help="context size")
+    p.add_argument("--ubatch", type=int, default=64, help="ubatch size of the prefill")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--stats", action="store_true", help="print the hit-rate table of the trace at the end")
+    return p
+
+
+def builtin_tokens(n: int, n_vocab: int, seed: int) -> list[int]:
+    """The built-in token stream: n ids drawn uniformly from the vocabulary with a fixed seed."""
+    return np.random.default_rng(seed).integers(0, n_vocab, size=n).tolist()
+
+
+def _prompt_tokens(args: argparse.Namespace, model: Model) -> list[int]:
+    if args.tokens is not None:
+        return builtin_tokens(args.tokens, model.n_vocab, args.seed)
+    text = args.prompt_file.read_text() if args.prompt_file else args.prompt
+    if text is None:
+        return builtin_tokens(64, model.n_vocab, args.seed)
+    return model.tokenize(text)
+
+
+def _env(args: argparse.Namespace) -> dict[str, str | None]:
+    return {
+        ENV_MODE: args.mode,
+        ENV_DEPTH: args.depth,
+        ENV_MARGIN: args.margin,
+        ENV_MIN: args.min,
+        ENV_LAYERS: args.layers,
+        ENV_NO_ATTN: "1" if args.no_attn else None,
+        ENV_OUT: str(args.out),
+        ENV_STATS: None,
+    }
+
+
+def _progress(done: int, total: int) -> None:
+    sys.stderr.write(f"\ronebit-trace: generate {done}/{total}")
+    if done == total:
+        sys.stderr.write("\n")
+    sys.stderr.flush()
+
+
+def record(args: argparse.Namespace) -> int:
+    """Run the prefill and the greedy decode with the trace switched on; return n tokens run."""
+    with Model(args.model) as model:
+        prompt = _prompt_tokens(args, model)
+        if not prompt:
+            raise ValueError("the prompt has no tokens")
+        n_total = len(prompt) + args.generate
+        if n_total > args.ctx:
+            raise ValueError(f"prompt ({len(prompt)}) + --generate ({args.generate}) exceeds --ctx {args.ctx}")
+        settings = ContextSettings(n_ctx=args.ctx, n_batch=max(len(prompt), 1), n_ubatch=args.ubatch,
+                                   n_threads=args.threads)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with Context(model, settings, _env(args)) as ctx:
+            n = len(prompt)
+            rows = ctx.decode(prompt, list(range(n)), [0] * n, [i == n - 1 for i in range(n)])
+            token = int(np.argmax(np.frombuffer(rows[-1], dtype=np.float32)))
+            for step in range(args.generate):
+                rows = ctx.decode([token], [n + step], [0], [True])
+                token = int(np.argmax(np.frombuffer(rows[0], dtype=np.float32)))
+                _progress(step + 1, args.generate)
+        return n_total
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    for name in ("generate", "ctx", "ubatch", "threads"):
+        if getattr(args, name) < (0 if name == "generate" else 1):
+            print(f"onebit-trace: --{name} {getattr(args, name)} is out of range", file=sys.stderr)
+            return EXIT_USAGE
+    if args.tokens is not None and args.tokens < 1:
+        print("onebit-trace: --tokens must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.model.is_file():
+        print(f"onebit-trace: {args.model}: no such file", file=sys.stderr)
+        return EXIT_USAGE
+    if args.prompt_file and not args.prompt_file.is_file():
+        print(f"onebit-trace: {args.prompt_file}: no such file", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        n = record(args)
+    except ValueError as exc:
+        print(f"onebit-trace: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (NotBuiltError, RunError) as exc:
+        print(f"onebit-trace: {exc}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    print(f"onebit-trace: {n} tokens, trace {args.out}", file=sys.stderr)
+    if args.stats:
+        return cli_stats.main([str(args.out)])
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The ONEBIT_MOE_PREDICT environment policy, the exact twin of llama.cpp's C++ one.
+
+``src/onebit-moe-policy.cpp`` in the patched tree parses the environment when a context is
+created; this module makes the same decisions and the same warnings, byte for byte, so
+the sidecar can tell what a run did from its environment alone. The grammar, resolution
+and warning texts are specified in docs/policy.md; tests/test_policy_parity.py holds the
+two implementations to the same answers through cffi.
+
+Only ASCII counts: whitespace is `` \\t\\n\\r\\f\\v``, digits are ``0-9``, letters are
+lower-cased ASCII only (``str.strip``, ``str.isdigit`` and ``str.lower`` are all wider).
+Floats are binary32, as in C.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Mapping, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from .constants import (
+    ENV_DEPTH, ENV_LAYERS, ENV_MARGIN, ENV_MIN, ENV_MODE, ENV_NO_ATTN, ENV_STATS,
+    MAX_LAYERS, MODE_NAMES, MODE_OFF,
+)
+
+ASCII_SPACE = " \t\n\r\f\v"
+ASCII_DIGITS = "0123456789"
+MAX_DIGITS = 9  # 1..9 digits always fit an int32
+BOOL_TRUE = ("1", "true", "yes", "on")
+BOOL_FALSE = ("0", "false", "no", "off")
+MODES = {name: mode for mode, name in MODE_NAMES.items()}
+
+
+class Env(NamedTuple):
+    """The raw environment, one string per knob; None when the variable is unset."""
+
+    mode: Optional[str] = None     # ONEBIT_MOE_PREDICT
+    depth: Optional[str] = None    # ONEBIT_MOE_PREDICT_DEPTH
+    margin: Optional[str] = None   # ONEBIT_MOE_PREDICT_MARGIN
+    min: Optional[str] = None      # ONEBIT_MOE_PREDICT_MIN
+    layers: Optional[str] = None   # ONEBIT_MOE_PREDICT_LAYERS
+    no_attn: Optional[str] = None  # ONEBIT_MOE_PREDICT_NO_ATTN
+    stats: Optional[str] = None    # ONEBIT_MOE_PREDICT_STATS
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Env:
+        names = (ENV_MODE, ENV_DEPTH, ENV_MARGIN, ENV_MIN, ENV_LAYERS, ENV_NO_ATTN, ENV_STATS)
+        return cls(*(environ.get(name) for name in names))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The policy as parsed and resolved against one model (C ``struct onebit_policy``)."""
+
+    mode: int                   # MODE_OFF, MODE_ROUTER or MODE_BLOCK
+    depth_requested: int        # _DEPTH as parsed, 0 when unset or ignored
+    depth: int                  # effective depth, in [1, n_expert]
+    margin: float               # a binary32 value; math.inf when there is no gate
+    min_requested: int          # _MIN as parsed, -1 when unset or ignored
+    min_read: int               # effective floor, in [0, depth]
+    no_attn: bool
+    stats: bool
+    n_layer_predicted: int      # len(layer_mask)
+    layer_mask: frozenset[int]  # the layers l predicted (from layer l-1)
+
+    @property
+    def predicted_layers(self) -> tuple[int, ...]:
+        return tuple(sorted(self.layer_mask))
+
+
+def _trim(s: Optional[str]) -> str:
+    return (s or "").strip(ASCII_SPACE)
+
+
+def _lower_ascii(s: str) -> str:
+    return "".join(chr(ord(c) + 32) if "A" <= c <= "Z" else c for c in s)
+
+
+def _count_digits(s: str, i: int) -> int:
+    n = 0
+    while i + n < len(s) and s[i + n] in ASCII_DIGITS:
+        n += 1
+    return n
+
+
+def _parse_digits(s: str) -> Optional[int]:
+    if not 1 <= len(s) <= MAX_DIGITS or _count_digits(s, 0) != len(s):
+        return None
+    return int(s)
+
+
+def _parse_uint(t: str) -> Optional[int]:
+    return _parse_digits(t[1:] if t.startswith("+") else t)
+
+
+def _parse_nonneg_float(t: str) -> Optional[float]:
+    i = 1 if t.startswith("+") else 0
+    n_int = _count_digits(t, i)
+    i += n_int
+    n_frac = 0
+    if t[i:i + 1] == ".":
+        n_frac = _count_digits(t, i + 1)
+        i += 1 + n_frac
+    if n_int == 0 and n_frac == 0:
+        return None
+    if t[i:i + 1] in ("e", "E"):
+        i += 1
+        if t[i:i + 1] in ("+", "-"):
+            i += 1
+        n_exp = _count_digits(t, i)
+        if n_exp == 0:
+            return None
+        i += n_exp
+    if i != len(t):
+        return None
+    with np.errstate(over="ignore"):
+        value = np.float32(float(t))  # through a double, like (float) strtod
+    return float(value) if math.isfinite(value) else None
+
+
+def _parse_bool(name: str, raw: Optional[str], warnings: list[str]) -> bool:
+    t = _lower_ascii(_trim(raw))
+    if t in BOOL_TRUE:
+        return True
+    if t and t not in BOOL_FALSE:
+        warnings.append(f"{name}='{raw}' is not one of 1|0|true|false|yes|no|on|off; using 0")
+    return False
+
+
+def _parse_mode(raw: Optional[str], warnings: list[str]) -> int:
+    t = _lower_ascii(_trim(raw))
+    if not t:
+        return MODE_OFF
+    if t in MODES:
+        return MODES[t]
+    warnings.append(f"{ENV_MODE}='{raw}' is not one of off|router|block; using off")
+    return MODE_OFF
+
+
+def _parse_layer_item(item: str, n_layer: int, mask: set[int], warnings: list[str]) -> None:
+    if not item:
+        warnings.append(f"{ENV_LAYERS} has an empty item; ignored")
+        return
+    lo, dash, hi = item.partition("-")
+    a = _parse_digits(lo)
+    b = _parse_digits(hi) if dash else a
+    if a is None or b is None:
+        warnings.append(f"{ENV_LAYERS} item '{item}' is not N or A-B; ignored")
+        return
+    if a > b:
+        warnings.append(f"{ENV_LAYERS} item '{item}' is a reversed range; ignored")
+        return
+    if b >= n_layer:
+        warnings.append(
+            f"{ENV_LAYERS} item '{item}' is out of range (the model has layers 0..{n_layer - 1}); ignored"
+        )
+        return
+    if a == 0:
+        warnings.append(
+            f"{ENV_LAYERS} item '{item}' includes layer 0, which has no layer before it; layer 0 ignored"
+        )
+        a = 1
+    mask.update(range(a, b + 1))
+
+
+def parse_layers(spec: Optional[str], n_layer: int) -> tuple[frozenset[int], list[str]]:
+    """The layers a layer list predicts ("1,2,5-9,47"); None or blank predicts every layer from 1."""
+    n_layer = min(n_layer, MAX_LAYERS)
+    t = _trim(spec)
+    if not t:
+        return frozenset(range(1, n_layer)), []
+    mask: set[int] = set()
+    warnings: list[str] = []
+    for item in t.split(","):
+        _parse_layer_item(_trim(item), n_layer, mask, warnings)
+    if not mask:
+        warnings.append(f"{ENV_LAYERS}='{spec}' leaves no layer to predict; predicting none")
+    return frozenset(mask), warnings
+
+
+def effective_depth(depth_requested: int, n_expert: int, n_expert_used: int) -> int:
+    """The depth actually ranked: the request (0 = n_expert_used), clamped to [1, n_expert]."""
+    if n_expert < 1:
+        return 0
+    depth = depth_requested if depth_requested > 0 else n_expert_used
+    return max(1, min(depth, n_expert))
+
+
+def effective_min(min_requested: int, depth: int, n_expert_used: int) -> int:
+    """The floor: the request (-1 = n_expert_used), clamped to [0, depth]."""
+    floor = min_requested if min_requested >= 0 else n_expert_used
+    return max(0, min(floor, depth))
+
+
+def n_read(logits: Sequence[float], depth: int, margin: float, min_read: int) -> int:
+    """Candidates read of one ranked row (best first): the leading run within margin of the
+    best, never fewer than min_read, never more than depth; binary32 arithmetic."""
+    if depth <= 0:
+        return 0
+    if math.isinf(margin) and margin > 0:
+        n = depth
+    else:
+        best = np.float32(logits[0])
+        gate = np.float32(margin)
+        n = 0
+        with np.errstate(over="ignore", invalid="ignore"):
+            while n < depth and best - np.float32(logits[n]) <= gate:
+                n += 1
+    return max(n, min(min_read, depth))
+
+
+def parse_policy(env: Env, n_layer: int, n_expert: int, n_expert_used: int) -> tuple[Policy, list[str]]:
+    """Parse every knob and resolve it against the model; the warnings come in C's order."""
+    warnings: list[str] = []
+    mode = _parse_mode(env.mode, warnings)
+
+    depth_requested = 0
+    t = _trim(env.depth)
+    if t:
+        v = _parse_uint(t)
+        if v is None:
+            warnings.append(f"{ENV_DEPTH}='{env.depth}' is not a non-negative integer; ignored")
+        elif v == 0:
+            warnings.append(f"{ENV_DEPTH}=0 must be at least 1; ignored")
+        else:
+            depth_requested = v
+    depth = effective_depth(depth_requested, n_expert, n_expert_used)
+    if depth_requested > n_expert:
+        warnings.append(f"{ENV_DEPTH}={depth_requested} exceeds n_expert={n_expert}; clamped to {depth}")
+
+    margin = math.inf
+    t = _trim(env.margin)
+    if t:
+        v = _parse_nonneg_float(t)
+        if v is None:
+            warnings.append(
+                f"{ENV_MARGIN}='{env.margin}' is not a finite non-negative number; ignored (no gate)"
+            )
+        else:
+            margin = v
+
+    min_requested = -1
+    t = _trim(env.min)
+    if t:
+        v = _parse_uint(t)
+        if v is None:
+            warnings.append(f"{ENV_MIN}='{env.min}' is not a non-negative integer; ignored")
+        else:
+            min_requested = v
+    min_read = effective_min(min_requested, depth, n_expert_used)
+    if min_requested > depth:
+        warnings.append(f"{ENV_MIN}={min_requested} exceeds the depth {depth}; clamped to {min_read}")
+
+    layer_mask, layer_warnings = parse_layers(env.layers, n_layer)
+    warnings += layer_warnings
+    no_attn = _parse_bool(ENV_NO_ATTN, env.no_attn, warnings)
+    stats = _parse_bool(ENV_STATS, env.stats, warnings)
+
+    policy = Policy(
+        mode=mode,
+        depth_requested=depth_requested,
+        depth=depth,
+        margin=margin,
+        min_requested=min_requested,
+        min_read=min_read,
+        no_attn=no_attn,
+        stats=stats,
+        n_layer_predicted=len(layer_mask),
+        layer_mask=layer_mask,
+    )
+    return policy, warnings

@@ -1,0 +1,300 @@
+"""Read a P/A trace (docs/trace-format.md): a validated header and memory-mapped records.
+
+The records are a numpy memmap with a structured dtype built from the header's
+``n_expert_used`` and ``depth``, so a trace of any size is read without one Python object
+per record, and ``Trace.iter_chunks`` walks it in bounded memory. A bad header raises
+``TraceError``; a partial last record (a crash mid-write) is dropped with a logged warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .constants import (
+    MAX_LAYERS,
+    MODE_NAMES,
+    MODE_ROUTER,
+    TRACE_ARCH_BYTES,
+    TRACE_CHUNK_RECORDS,
+    TRACE_HDR_FLAG_NO_ATTN,
+    TRACE_HDR_FLAG_STATS,
+    TRACE_HEADER_SIZE,
+    TRACE_MAGIC,
+    TRACE_MODEL_BYTES,
+    TRACE_RECORD_FIXED,
+    TRACE_VERSION,
+)
+
+logger = logging.getLogger(__name__)
+
+HEADER_DTYPE = np.dtype(
+    [
+        ("magic", "S8"),
+        ("version", "<u4"),
+        ("header_size", "<u4"),
+        ("record_size", "<u4"),
+        ("n_layer", "<u4"),
+        ("n_expert", "<u4"),
+        ("n_expert_used", "<u4"),
+        ("depth", "<u4"),
+        ("mode", "<u4"),
+        ("depth_requested", "<i4"),
+        ("margin", "<f4"),
+        ("min_read", "<u4"),
+        ("flags", "<u4"),
+        ("layer_mask", "u1", (MAX_LAYERS // 8,)),
+        ("arch", f"S{TRACE_ARCH_BYTES}"),
+        ("model", f"S{TRACE_MODEL_BYTES}"),
+        ("reserved", "u1", (104,)),
+    ]
+)
+assert HEADER_DTYPE.itemsize == TRACE_HEADER_SIZE
+
+
+class TraceError(ValueError):
+    """The file is not a trace this reader can read (bad magic, version or sizes)."""
+
+
+def record_size(n_expert_used: int, depth: int) -> int:
+    """Bytes per record for a model using ``n_expert_used`` experts and ``depth`` candidates."""
+    return TRACE_RECORD_FIXED + 8 * n_expert_used + 8 * depth
+
+
+def record_dtype(n_expert_used: int, depth: int) -> np.dtype:
+    """The structured dtype of one record (little-endian, packed, ``record_size`` bytes)."""
+    dt = np.dtype(
+        [
+            ("step", "<u4"),
+            ("seq_id", "<i4"),
+            ("pos", "<i4"),
+            ("layer", "<u2"),
+            ("n_read", "<u2"),
+            ("flags", "<u2"),
+            ("reserved", "<u2"),
+            ("actual_ids", "<i4", (n_expert_used,)),
+            ("actual_w", "<f4", (n_expert_used,)),
+            ("pred_ids", "<i4", (depth,)),
+            ("pred_logits", "<f4", (depth,)),
+        ]
+    )
+    assert dt.itemsize == record_size(n_expert_used, depth)
+    return dt
+
+
+def _c_string(raw: bytes) -> str:
+    """A NUL-padded field as text (up to the first NUL; bad UTF-8, e.g. a cut character, replaced)."""
+    return raw.split(b"\0", 1)[0].decode("utf-8", errors="replace")
+
+
+@dataclass(frozen=True)
+class TraceHeader:
+    """Every field of the 512-byte header, with the mask and the strings decoded."""
+
+    version: int
+    header_size: int
+    record_size: int
+    n_layer: int
+    n_expert: int
+    n_expert_used: int
+    depth: int
+    mode: int
+    depth_requested: int
+    margin: float  # +inf when no margin gate was set
+    min_read: int
+    flags: int
+    layer_mask: frozenset[int]  # the predicted layers
+    arch: str
+    model: str
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        n_layer: int,
+        n_expert: int,
+        n_expert_used: int,
+        depth: int | None = None,
+        mode: int = MODE_ROUTER,
+        depth_requested: int | None = None,
+        margin: float = math.inf,
+        min_read: int | None = None,
+        flags: int = 0,
+        layers: Iterable[int] | None = None,
+        arch: str = "",
+        model: str = "",
+    ) -> TraceHeader:
+        """A version-1 header with the sizes filled in and llama.cpp's defaults.
+
+        depth defaults to ``n_expert_used``, depth_requested to the depth given (0 if none),
+        min_read to ``min(n_expert_used, depth)``, layers to ``1 .. n_layer-1``.
+        """
+        if depth_requested is None:
+            depth_requested = 0 if depth is None else depth
+        depth = n_expert_used if depth is None else depth
+        return cls(
+            version=TRACE_VERSION,
+            header_size=TRACE_HEADER_SIZE,
+            record_size=record_size(n_expert_used, depth),
+            n_layer=n_layer,
+            n_expert=n_expert,
+            n_expert_used=n_expert_used,
+            depth=depth,
+            mode=mode,
+            depth_requested=depth_requested,
+            margin=margin,
+            min_read=min(n_expert_used, depth) if min_read is None else min_read,
+            flags=flags,
+            layer_mask=frozenset(range(1, n_layer)) if layers is None else frozenset(layers),
+            arch=arch,
+            model=model,
+        )
+
+    @classmethod
+    def from_bytes(cls, buf: bytes) -> TraceHeader:
+        """Decode and validate a header; raise TraceError on anything this reader cannot use."""
+        if len(buf) < TRACE_HEADER_SIZE:
+            raise TraceError(f"file is {len(buf)} bytes, shorter than the {TRACE_HEADER_SIZE}-byte header")
+        raw = np.frombuffer(buf, dtype=HEADER_DTYPE, count=1)[0]
+        magic = bytes(buf[:8])
+        if magic != TRACE_MAGIC:
+            raise TraceError(f"bad magic {magic!r} (expected {TRACE_MAGIC!r}): not a P/A trace")
+        if raw["version"] != TRACE_VERSION:
+            raise TraceError(f"trace version {raw['version']} is not supported (this reader knows version {TRACE_VERSION})")
+        mask_bits = np.unpackbits(raw["layer_mask"], bitorder="little")
+        header = cls(
+            version=int(raw["version"]),
+            header_size=int(raw["header_size"]),
+            record_size=int(raw["record_size"]),
+            n_layer=int(raw["n_layer"]),
+            n_expert=int(raw["n_expert"]),
+            n_expert_used=int(raw["n_expert_used"]),
+            depth=int(raw["depth"]),
+            mode=int(raw["mode"]),
+            depth_requested=int(raw["depth_requested"]),
+            margin=float(raw["margin"]),
+            min_read=int(raw["min_read"]),
+            flags=int(raw["flags"]),
+            layer_mask=frozenset(int(i) for i in np.flatnonzero(mask_bits)),
+            arch=_c_string(raw["arch"]),
+            model=_c_string(raw["model"]),
+        )
+        header._validate()
+        return header
+
+    def _validate(self) -> None:
+        problems = []
+        if self.header_size != TRACE_HEADER_SIZE:
+            problems.append(f"header_size {self.header_size} != {TRACE_HEADER_SIZE}")
+        if not 1 <= self.n_layer <= MAX_LAYERS:
+            problems.append(f"n_layer {self.n_layer} is not in 1..{MAX_LAYERS}")
+        if self.n_expert < 1:
+            problems.append("n_expert is 0")
+        if not 1 <= self.n_expert_used <= self.n_expert:
+            problems.append(f"n_expert_used {self.n_expert_used} is not in 1..n_expert ({self.n_expert})")
+        if not 1 <= self.depth <= self.n_expert:
+            problems.append(f"depth {self.depth} is not in 1..n_expert ({self.n_expert})")
+        if self.record_size != record_size(self.n_expert_used, self.depth):
+            problems.append(
+                f"record_size {self.record_size} != {record_size(self.n_expert_used, self.depth)}"
+                f" (20 + 8*n_expert_used + 8*depth with n_expert_used={self.n_expert_used}, depth={self.depth})"
+            )
+        if self.mode not in MODE_NAMES:
+            problems.append(f"unknown mode {self.mode}")
+        if not self.margin >= 0:  # also rejects NaN
+            problems.append(f"margin {self.margin} is not a non-negative number or +inf")
+        if self.min_read > self.depth:
+            problems.append(f"min_read {self.min_read} exceeds depth {self.depth}")
+        if problems:
+            raise TraceError("bad trace header: " + "; ".join(problems))
+
+    def to_bytes(self) -> bytes:
+        """Encode as the 512-byte header (no validation: tests write bad headers with it)."""
+        raw = np.zeros((), dtype=HEADER_DTYPE)
+        for name in ("version", "header_size", "record_size", "n_layer", "n_expert", "n_expert_used",
+                     "depth", "mode", "depth_requested", "margin", "min_read", "flags"):
+            raw[name] = getattr(self, name)
+        raw["magic"] = TRACE_MAGIC
+        bits = np.zeros(MAX_LAYERS, dtype=np.uint8)
+        bits[sorted(self.layer_mask)] = 1
+        raw["layer_mask"] = np.packbits(bits, bitorder="little")
+        raw["arch"] = self.arch.encode()[: TRACE_ARCH_BYTES - 1]
+        raw["model"] = self.model.encode()[: TRACE_MODEL_BYTES - 1]
+        return raw.tobytes()
+
+    @property
+    def mode_name(self) -> str:
+        return MODE_NAMES[self.mode]
+
+    @property
+    def no_attn(self) -> bool:
+        return bool(self.flags & TRACE_HDR_FLAG_NO_ATTN)
+
+    @property
+    def stats(self) -> bool:
+        return bool(self.flags & TRACE_HDR_FLAG_STATS)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The structured dtype of this trace's records."""
+        return record_dtype(self.n_expert_used, self.depth)
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """An open trace: its header and its whole records as a read-only memmap."""
+
+    path: Path
+    header: TraceHeader
+    records: np.ndarray  # structured, header.dtype, shape (n_records,)
+    dropped_bytes: int  # bytes of a partial last record that were ignored
+
+    @classmethod
+    def open(cls, path: str | Path) -> Trace:
+        """Open and validate ``path``; OSError if it cannot be read, TraceError if it is not a trace."""
+        path = Path(path)
+        with path.open("rb") as f:
+            header = TraceHeader.from_bytes(f.read(TRACE_HEADER_SIZE))
+        body = path.stat().st_size - TRACE_HEADER_SIZE
+        n_records, dropped = divmod(body, header.record_size)
+        if dropped:
+            logger.warning(
+                "%s: truncated trace: dropped %d bytes of a partial last record (read %d whole records)",
+                path, dropped, n_records,
+            )
+        if n_records:
+            records = np.memmap(path, dtype=header.dtype, mode="r", offset=TRACE_HEADER_SIZE, shape=(n_records,))
+        else:  # mmap cannot map zero bytes
+            records = np.empty(0, dtype=header.dtype)
+        return cls(path, header, records, dropped)
+
+    @property
+    def n_records(self) -> int:
+        return len(self.records)
+
+    def iter_chunks(self, records_per_chunk: int = TRACE_CHUNK_RECORDS) -> Iterator[np.ndarray]:
+        """Yield the records in order as consecutive slices of at most ``records_per_chunk``."""
+        if records_per_chunk < 1:
+            raise ValueError(f"records_per_chunk must be >= 1, not {records_per_chunk}")
+        for start in range(0, self.n_records, records_per_chunk):
+            yield self.records[start : start + records_per_chunk]
+
+    def actual(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``start:stop``: actual ids ``(n, n_expert_used)`` i32 and their weights f32."""
+        rows = self.records[start:stop]
+        return rows["actual_ids"], rows["actual_w"]
+
+    def predicted(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows ``start:stop``: predicted ids ``(n, depth)`` i32 (-1 unpredicted) and logits f32."""
+        rows = self.records[start:stop]
+        return rows["pred_ids"], rows["pred_logits"]
+
+
+def open_trace(path: str | Path) -> Trace:
+    """Open a trace (``Trace.open``)."""
+    return Trace.open(path)

@@ -1,0 +1,503 @@
+"""build.sh for real, without compiling anything and without the network.
+
+Each test runs build.sh (the checkout's own, or a copy of the checkout in tmp_path when the
+test edits patches/) against a cache of its own (ONEBIT_CACHE=tmp_path/...), seeded from the
+real cache: the pinned sdist is hard-linked into it and the pristine llama.cpp tree is cloned
+into it, so no test downloads or unpacks the sdist. What is covered: the command line and its
+exit codes, the sdist's sha256 check, the lint of patches/series, a patch that does not
+apply (check and build), a clean check, rebase --tree (clean, conflicting, dirty tree) and
+export --from regenerating patches/ byte for byte.
+
+The session fixture ``seed`` fills the real cache ($ONEBIT_CACHE, else ~/.cache/onebit-predict)
+once when it lacks the sdist or the pristine tree (pip download, then ``./build.sh check``);
+otherwise it only reads it. A ``build`` run gets a failing ``cmake`` first on its PATH, so a
+regression that got past the apply step could never start a llama.cpp build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+COPIED = ("build.sh", "patches", "ctest_port", "pyproject.toml", "README.md")
+TIMEOUT_S = 300
+PRISTINE_TAG = "onebit-pristine"
+
+
+def read_pin(repo: Path) -> dict[str, str]:
+    pin: dict[str, str] = {}
+    for line in (repo / "patches" / "PIN").read_text().splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            pin.setdefault(key.strip(), value.strip())
+    return pin
+
+
+PIN = read_pin(REPO_ROOT)
+VERSION = PIN["version"]
+SHA256 = PIN["sha256"]
+SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Run:
+    rc: int
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        return f"exit {self.rc}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
+def run_build_sh(repo: Path, cache: Path, *args: str, tmpdir: Path | None = None,
+                 no_cmake: bool = False) -> Run:
+    """``repo/build.sh ARGS`` with ONEBIT_CACHE=cache (TMPDIR=tmpdir when given)."""
+    env = dict(os.environ, ONEBIT_CACHE=str(cache))
+    env.pop("VIRTUAL_ENV", None)  # build.sh would install into the caller's venv
+    if tmpdir is not None:
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmpdir)
+    if no_cmake:
+        env["PATH"] = f"{_cmake_stub(cache.parent)}{os.pathsep}{env.get('PATH', '')}"
+    p = subprocess.run([str(repo / "build.sh"), *args], cwd=repo, env=env, capture_output=True,
+                       text=True, timeout=TIMEOUT_S)
+    return Run(p.returncode, p.stdout, p.stderr)
+
+
+def _cmake_stub(where: Path) -> Path:
+    bin_dir = where / "no-cmake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    stub = bin_dir / "cmake"
+    stub.write_text("#!/bin/sh\necho 'test_build_sh: cmake must not run in these tests' >&2\nexit 97\n")
+    stub.chmod(0o755)
+    return bin_dir
+
+
+def git(cwd: Path, *args: str) -> str:
+    p = subprocess.run(["git", "-c", "user.name=onebit-test", "-c", "user.email=test@onebit.invalid",
+                        "-c", "commit.gpgsign=false", "-c", "advice.detachedHead=false", *args],
+                       cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert p.returncode == 0, f"git {' '.join(args)} in {cwd}: exit {p.returncode}\n{p.stderr}"
+    return p.stdout
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def series(repo: Path) -> list[str]:
+    names = (line.split("#", 1)[0].strip() for line in (repo / "patches" / "series").read_text().splitlines())
+    return [n for n in names if n]
+
+
+def copy_repo(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for name in COPIED:
+        src = REPO_ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def link_or_copy(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+
+
+def clone_pristine(pristine: Path, dest: Path, branch: str | None = None) -> Path:
+    """A local clone of the pristine tree, with the onebit-pristine tag and no remote."""
+    git(dest.parent, "clone", "-q", str(pristine), str(dest))
+    if not git(dest, "tag", "-l", PRISTINE_TAG).strip():
+        git(dest, "fetch", "-q", "--tags", "origin")
+    assert git(dest, "tag", "-l", PRISTINE_TAG).strip() == PRISTINE_TAG
+    git(dest, "remote", "remove", "origin")
+    if branch:
+        git(dest, "checkout", "-q", "-b", branch)
+    return dest
+
+
+def leftovers(cache: Path, tmpdir: Path) -> list[str]:
+    """What a failed run must not leave: half-made trees in the cache, anything in TMPDIR."""
+    found = [str(p) for p in cache.glob("src/*/*") if p.name.endswith(".tmp") or p.name.startswith("work-")]
+    found += [str(p) for p in cache.glob("src/*/*/.onebit-ok") if p.parent.name != "pristine"]
+    found += [str(p) for p in cache.glob("sdist/.fetch.*")]
+    if tmpdir.exists():
+        found += [str(p) for p in tmpdir.iterdir()]
+    return sorted(set(found))
+
+
+def first_upstream_hunk(patch: Path) -> tuple[str, str, str, list[str]]:
+    """(path, context line before, context line after, added lines) of the first hunk that
+    inserts lines into a file which exists upstream."""
+    lines = patch.read_text().splitlines()
+    path, new_file = "", False
+    for i, line in enumerate(lines):
+        if line.startswith("diff --git "):
+            path, new_file = line.split(" b/", 1)[1], False
+        elif line.startswith("new file mode") or line.startswith("index 0000000"):
+            new_file = True
+        elif line.startswith("@@") and path and not new_file:
+            j = i + 1
+            while lines[j].startswith(" "):
+                j += 1
+            k = j
+            while lines[k].startswith("+"):
+                k += 1
+            if j > i + 1 and k > j and lines[k].startswith(" "):
+                return path, lines[j - 1][1:], lines[k][1:], [a[1:] for a in lines[j:k]]
+    raise AssertionError(f"{patch.name}: no hunk inserting between two context lines of an upstream file")
+
+
+def corrupt_first_context_line(patch: Path) -> str:
+    """Break the first context line of the patch's first hunk; returns the original line."""
+    lines = patch.read_text().splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line.startswith("@@"))
+    i = next(i for i in range(start + 1, len(lines)) if lines[i].startswith(" ") and lines[i].strip())
+    original = lines[i]
+    lines[i] = original.rstrip("\n") + " /* not upstream */\n"
+    patch.write_text("".join(lines))
+    return original.rstrip("\n")
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Seed:
+    sdist: Path
+    pristine: Path
+
+
+def _real_cache() -> Path:
+    return Path(os.environ.get("ONEBIT_CACHE") or Path.home() / ".cache" / "onebit-predict")
+
+
+@pytest.fixture(scope="session")
+def seed(tmp_path_factory: pytest.TempPathFactory) -> Seed:
+    """The real cache's sdist and pristine tree, made once there if missing."""
+    cache = _real_cache()
+    sdist = cache / "sdist" / SDIST_NAME
+    pristine = cache / "src" / VERSION / "pristine"
+    scratch = tmp_path_factory.mktemp("seed")
+    if not sdist.is_file():
+        download = scratch / "download"
+        p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+                            "-d", str(download), f"{PIN['package']}=={VERSION}"],
+                           capture_output=True, text=True, timeout=600)
+        got = download / SDIST_NAME
+        assert p.returncode == 0 and got.is_file(), f"pip download failed:\n{p.stdout}\n{p.stderr}"
+        assert sha256_of(got) == SHA256, f"PyPI served {SDIST_NAME} with another sha256 than patches/PIN"
+        sdist.parent.mkdir(parents=True, exist_ok=True)
+        part = sdist.with_name(f".{SDIST_NAME}.{os.getpid()}.part")
+        shutil.copyfile(got, part)
+        os.replace(part, sdist)
+    if not (pristine / ".onebit-ok").is_file():
+        # check fetches nothing now (the sdist is there) and unpacks the pristine tree
+        r = run_build_sh(REPO_ROOT, cache, "check", tmpdir=scratch / "tmp")
+        assert (pristine / ".onebit-ok").is_file(), f"./build.sh check did not make {pristine}:\n{r}"
+    return Seed(sdist, pristine)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A copy of the checkout's build.sh, patches/ and what else build.sh reads."""
+    return copy_repo(tmp_path / "repo")
+
+
+@pytest.fixture
+def sdist_cache(tmp_path: Path, seed: Seed) -> Path:
+    """A cache of this test's own holding the pinned sdist only."""
+    cache = tmp_path / "cache"
+    link_or_copy(seed.sdist, cache / "sdist" / SDIST_NAME)
+    return cache
+
+
+@pytest.fixture
+def cache(sdist_cache: Path, seed: Seed) -> Path:
+    """A cache of this test's own with the sdist and the pristine tree, as build.sh leaves them."""
+    pristine = sdist_cache / "src" / VERSION / "pristine"
+    pristine.parent.mkdir(parents=True)
+    clone_pristine(seed.pristine, pristine)
+    (pristine / ".onebit-ok").touch()
+    return sdist_cache
+
+
+@pytest.fixture
+def tmpdir_(tmp_path: Path) -> Path:
+    """TMPDIR for build.sh, to see what it leaves behind."""
+    return tmp_path / "tmp"
+
+
+# --- 1. the command line ----------------------------------------------------------------------
+
+def test_help_lists_the_subcommands(tmp_path: Path) -> None:
+    for args in (["help"], ["--help"], ["-h"]):
+        r = run_build_sh(REPO_ROOT, tmp_path / "cache", *args)
+        assert r.rc == 0, r
+        assert r.stdout.startswith("usage: ./build.sh"), r
+        for sub in ("build", "test", "check", "rebase --to VERSION", "rebase --tree DIR",
+                    "export [--from DIR]", "pristine", "help"):
+            assert f"\n  {sub}" in r.stdout or f"| {sub} " in r.stdout, f"{sub!r} missing\n{r}"
+    assert not (tmp_path / "cache").exists(), "help touched the cache"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["frobnicate"], "unknown subcommand 'frobnicate'"),
+    (["rebase"], "rebase needs --to VERSION or --tree DIR"),
+    (["rebase", "--to"], "--to needs a VERSION"),
+    (["rebase", "--tree"], "--tree needs a DIR"),
+    (["rebase", "--tree", "/nonexistent/onebit"], "--tree '/nonexistent/onebit' is not a directory"),
+    (["rebase", "--to", "1.2.3", "--tree", "/tmp"], "rebase takes --to or --tree, not both"),
+    (["rebase", "--to", "latest"], "--to 'latest' is not a version number"),
+    (["rebase", "--frob"], "rebase: unknown option '--frob'"),
+    (["export", "--from"], "--from needs a DIR"),
+    (["export", "--from", "/nonexistent/onebit"], "no work tree at '/nonexistent/onebit'"),
+    (["build", "extra-arg"], "build takes no arguments"),
+    (["check", "extra-arg"], "check takes no arguments"),
+    (["test", "extra-arg"], "test takes no arguments"),
+    (["pristine", "extra-arg"], "pristine takes no arguments"),
+], ids=lambda v: "_".join(v) if isinstance(v, list) else None)
+def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    r = run_build_sh(REPO_ROOT, tmp_path / "cache", *args)
+    assert r.rc == 2, r
+    assert f"error: {message}" in r.stderr, r
+    assert "run './build.sh help'" in r.stderr, r
+    assert not (tmp_path / "cache" / "sdist").exists(), "a usage error fetched something"
+
+
+def test_rebase_tree_that_is_not_a_git_checkout_exits_2(tmp_path: Path) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    r = run_build_sh(REPO_ROOT, tmp_path / "cache", "rebase", "--tree", str(plain))
+    assert r.rc == 2, r
+    assert f"--tree '{plain}' is not a git checkout" in r.stderr, r
+
+
+# --- 2. the sdist's sha256 --------------------------------------------------------------------
+
+@pytest.mark.parametrize("subcommand", ["check", "build"])
+def test_tampered_sdist_is_refused(tmp_path: Path, seed: Seed, tmpdir_: Path, subcommand: str) -> None:
+    cache = tmp_path / "cache"
+    tampered = cache / "sdist" / SDIST_NAME
+    tampered.parent.mkdir(parents=True)
+    shutil.copyfile(seed.sdist, tampered)  # a copy, never a link: the byte goes into this file only
+    with tampered.open("ab") as f:
+        f.write(b"\0")
+    actual = sha256_of(tampered)
+    r = run_build_sh(REPO_ROOT, cache, subcommand, tmpdir=tmpdir_, no_cmake=True)
+    assert r.rc == 1, r
+    assert f"{tampered} has sha256 {actual}" in r.stderr, r
+    assert f"patches/PIN expects    {SHA256}" in r.stderr, r
+    assert f"what to do: delete {tampered} and run again" in r.stderr, r
+    assert not (cache / "src").exists(), f"a tree was made from the tampered sdist\n{r}"
+    assert not (cache / "build").exists(), r
+    assert leftovers(cache, tmpdir_) == [], r
+
+
+# --- 3. and 4. the lint of patches/series -----------------------------------------------------
+
+def test_series_entry_without_a_file_exits_2(repo: Path, cache: Path, tmpdir_: Path) -> None:
+    with (repo / "patches" / "series").open("a") as f:
+        f.write("0099-onebit-not-there.patch\n")
+    r = run_build_sh(repo, cache, "check", tmpdir=tmpdir_)
+    assert r.rc == 2, r
+    assert "patches/series lists '0099-onebit-not-there.patch', which is not in patches/" in r.stderr, r
+    assert "==> verify the sdist" not in r.stderr, f"check went past the lint of the series\n{r}"
+    assert leftovers(cache, tmpdir_) == [], r
+
+
+def test_orphan_patch_fails_the_lint(repo: Path, sdist_cache: Path, tmpdir_: Path) -> None:
+    first = repo / "patches" / series(repo)[0]
+    shutil.copyfile(first, repo / "patches" / "0099-onebit-orphan.patch")
+    r = run_build_sh(repo, sdist_cache, "check", tmpdir=tmpdir_)
+    assert r.rc == 1, r
+    assert "error: 0099-onebit-orphan.patch is in patches/ but not in patches/series" in r.stderr, r
+    assert "==> verify the sdist" not in r.stderr, r
+    assert not (sdist_cache / "src").exists(), r
+
+
+def test_patch_without_why_fails_the_lint(repo: Path, sdist_cache: Path, tmpdir_: Path) -> None:
+    name = series(repo)[-1]
+    patch = repo / "patches" / name
+    text = patch.read_text()
+    assert "\nWhy:" in text
+    patch.write_text(text.replace("\nWhy:", "\nReason:", 1))
+    r = run_build_sh(repo, sdist_cache, "check", tmpdir=tmpdir_)
+    assert r.rc == 1, r
+    assert f"error: {name} has no 'Why:' line in its header" in r.stderr, r
+    assert "==> verify the sdist" not in r.stderr, r
+    assert not (sdist_cache / "src").exists(), r
+
+
+# --- 5. a patch that does not apply -----------------------------------------------------------
+
+@pytest.fixture
+def broken_patch(repo: Path) -> str:
+    """Corrupt a context line in the first hunk of the second patch (the first if alone)."""
+    names = series(repo)
+    name = names[1] if len(names) > 1 else names[0]
+    corrupt_first_context_line(repo / "patches" / name)
+    return name
+
+
+def test_check_names_a_patch_that_does_not_apply(repo: Path, cache: Path, tmpdir_: Path, broken_patch: str) -> None:
+    r = run_build_sh(repo, cache, "check", tmpdir=tmpdir_)
+    assert r.rc == 1, r
+    assert "error: the series does not apply to the pristine tree" in r.stderr, r
+    assert broken_patch in r.stderr, f"the failing patch is not named\n{r}"
+    assert "what to do: fix the patch in patches/" in r.stderr, r
+    assert leftovers(cache, tmpdir_) == [], r
+    assert git(cache / "src" / VERSION / "pristine", "status", "--porcelain") == "?? .onebit-ok\n"
+
+
+def test_build_stops_at_a_patch_that_does_not_apply(repo: Path, cache: Path, tmpdir_: Path,
+                                                    broken_patch: str) -> None:
+    r = run_build_sh(repo, cache, "build", tmpdir=tmpdir_, no_cmake=True)
+    assert r.rc == 1, r
+    assert "==> apply patches/series (git am -3)" in r.stderr, r
+    assert "error: the series does not apply to the pristine tree" in r.stderr, r
+    assert broken_patch in r.stderr, f"the failing patch is not named\n{r}"
+    assert "configure llama.cpp" not in r.stderr, r
+    assert not (cache / "build").exists(), r
+    assert not (repo / "build").exists(), r
+    assert leftovers(cache, tmpdir_) == [], f"a half-patched tree was left behind\n{r}"
+
+
+# --- 6. a clean check -------------------------------------------------------------------------
+
+def test_check_passes_on_the_committed_series(repo: Path, cache: Path, tmpdir_: Path) -> None:
+    before = {p.name: p.read_bytes() for p in (repo / "patches").iterdir()}
+    r = run_build_sh(repo, cache, "check", tmpdir=tmpdir_)
+    assert r.rc == 0, r
+    n = len(series(repo))
+    assert f"==> check passed: {n} patch(es) apply without fuzz and re-export byte-identically" in r.stderr, r
+    assert "error" not in r.stderr, r
+    assert {p.name: p.read_bytes() for p in (repo / "patches").iterdir()} == before, "check changed patches/"
+    assert leftovers(cache, tmpdir_) == [], f"check left files behind\n{r}"
+
+
+# --- 7. rebase --tree -------------------------------------------------------------------------
+
+def commits_above_pristine(tree: Path) -> list[str]:
+    return git(tree, "log", "--reverse", "--format=%s", f"{PRISTINE_TAG}..HEAD").splitlines()
+
+
+def subjects(repo: Path) -> list[str]:
+    """The subjects of the series' patches, unfolded as git log prints them."""
+    out = []
+    for name in series(repo):
+        head = (repo / "patches" / name).read_text().split("\n\n", 1)[0]
+        subject = head.split("Subject: ", 1)[1].replace("\n ", " ")
+        out.append(subject.removeprefix("[PATCH] "))
+    return out
+
+
+def test_rebase_tree_applies_the_series(repo: Path, cache: Path, seed: Seed, tmp_path: Path) -> None:
+    tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
+    base = git(tree, "rev-parse", "HEAD").strip()
+    r = run_build_sh(repo, cache, "rebase", "--tree", str(tree))
+    assert r.rc == 0, r
+    assert f"==> the series applies to {tree}" in r.stderr, r
+    assert git(tree, "rev-parse", "--abbrev-ref", "HEAD").strip() == "mine"
+    assert commits_above_pristine(tree) == subjects(repo)
+    assert git(tree, "rev-parse", f"HEAD~{len(series(repo))}").strip() == base
+    assert git(tree, "status", "--porcelain", "--untracked-files=no") == ""
+
+
+def test_rebase_tree_conflict_names_patch_files_and_recovery(repo: Path, cache: Path, seed: Seed,
+                                                             tmp_path: Path) -> None:
+    # the first patch that inserts lines into an upstream file; change both lines around the
+    # insertion upstream, so a three-way merge cannot place the patch's lines
+    patch_name = next(n for n in series(repo) if _inserts_upstream(repo / "patches" / n))
+    path, before, after, _added = first_upstream_hunk(repo / "patches" / patch_name)
+    tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
+    target = tree / path
+    text = target.read_text()
+    pair = f"{before}\n{after}\n"
+    assert text.count(pair) == 1, f"{path}: the context of {patch_name} is not unique upstream"
+    target.write_text(text.replace(pair, f"{before} # changed upstream\n{after} # changed upstream\n"))
+    git(tree, "commit", "-q", "-am", "upstream moves on")
+    head = git(tree, "rev-parse", "HEAD").strip()
+
+    r = run_build_sh(repo, cache, "rebase", "--tree", str(tree))
+    assert r.rc == 1, r
+    assert "error: conflict while applying" in r.stderr and f"in {tree}" in r.stderr, r
+    assert patch_name in r.stderr, f"the conflicting patch is not named\n{r}"
+    assert "conflicting files:" in r.stderr and f"    {path}\n" in r.stderr, r
+    assert f"    cd {tree}\n" in r.stderr, r
+    assert "git am --continue" in r.stderr, r
+    assert f"{repo}/build.sh export --from {tree}" in r.stderr, r
+    # the tree is left in git am for the user to resolve, nothing of the series committed
+    assert git(tree, "rev-parse", "HEAD").strip() == head
+    assert Path(git(tree, "rev-parse", "--absolute-git-dir").strip(), "rebase-apply").is_dir()
+    assert path in git(tree, "diff", "--name-only", "--diff-filter=U")
+
+    # exporting from the tree in the middle of git am is refused, patches/ untouched
+    before_export = {p.name: p.read_bytes() for p in (repo / "patches").iterdir()}
+    e = run_build_sh(repo, cache, "export", "--from", str(tree))
+    assert e.rc == 1, e
+    assert "is in the middle of git am: finish it (git am --continue) first" in e.stderr, e
+    assert {p.name: p.read_bytes() for p in (repo / "patches").iterdir()} == before_export
+
+
+def _inserts_upstream(patch: Path) -> bool:
+    try:
+        first_upstream_hunk(patch)
+    except AssertionError:
+        return False
+    return True
+
+
+def test_rebase_tree_with_uncommitted_changes_exits_2(repo: Path, cache: Path, seed: Seed,
+                                                      tmp_path: Path) -> None:
+    tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
+    head = git(tree, "rev-parse", "HEAD").strip()
+    with (tree / "README.md").open("a") as f:
+        f.write("\nlocal edit\n")
+    r = run_build_sh(repo, cache, "rebase", "--tree", str(tree))
+    assert r.rc == 2, r
+    assert f"error: --tree '{tree}' has uncommitted changes; commit or stash them first" in r.stderr, r
+    assert git(tree, "rev-parse", "HEAD").strip() == head
+    gitdir = Path(git(tree, "rev-parse", "--absolute-git-dir").strip())
+    assert not (gitdir / "rebase-apply").exists()
+    assert "local edit" in (tree / "README.md").read_text()
+
+
+# --- 8. export --from -------------------------------------------------------------------------
+
+def test_export_from_a_rebased_tree_is_byte_identical(repo: Path, cache: Path, seed: Seed,
+                                                      tmp_path: Path) -> None:
+    tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
+    r = run_build_sh(repo, cache, "rebase", "--tree", str(tree))
+    assert r.rc == 0, r
+    # start from an emptied patches/ (PIN kept), so every byte comes from the export
+    for p in (repo / "patches").iterdir():
+        if p.name != "PIN":
+            p.unlink()
+    e = run_build_sh(repo, cache, "export", "--from", str(tree))
+    assert e.rc == 0, e
+    n = len(series(REPO_ROOT))
+    assert f"==> exported {n} patch(es) from {tree} into patches/" in e.stderr, e
+    exported = {p.name: p.read_bytes() for p in (repo / "patches").iterdir()}
+    committed = {p.name: p.read_bytes() for p in (REPO_ROOT / "patches").iterdir()}
+    assert sorted(exported) == sorted(committed)
+    for name, data in committed.items():
+        assert exported[name] == data, f"patches/{name} differs after export"

@@ -1,0 +1,191 @@
+"""The trace reader and writer against docs/trace-format.md: layout, validation, truncation."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import struct
+
+import numpy as np
+import pytest
+
+from onebit_predict.constants import MODE_BLOCK, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from onebit_predict.trace import Trace, TraceError, TraceHeader, open_trace, record_dtype
+from onebit_predict.trace_writer import TraceWriter
+
+
+def small_header(**kw) -> TraceHeader:
+    args = dict(n_layer=4, n_expert=8, n_expert_used=2, depth=3, arch="qwen3moe", model="Tiny-MoE")
+    args.update(kw)
+    return TraceHeader.build(**args)
+
+
+def write(path, header, rows=()):
+    with TraceWriter(path, header) as w:
+        for row in rows:
+            w.add(**row)
+    return path
+
+
+ROWS = [
+    dict(step=0, seq_id=0, pos=5, layer=0, actual=[1, 2], weights=[0.75, 0.25]),
+    dict(step=0, seq_id=0, pos=5, layer=1, actual=[3, 4], weights=[0.5, 0.5], pred=[3, 7, 4],
+         logits=[2.0, 1.5, 1.0], n_read=3),
+    dict(step=1, seq_id=2, pos=6, layer=1, actual=[0, 7], pred=[7, 0, 1], logits=[1.0, 0.0, -1.0], n_read=2,
+         decode=False),
+]
+
+
+# --- layout ----------------------------------------------------------------------------
+
+
+def doc_header(n_layer=4, n_expert=8, n_used=2, depth=3, version=1, header_size=512, record_size=None,
+               magic=b"OBMPTRC\0", mode=2, margin=0.5, min_read=1, mask_layers=(1, 3, 9)) -> bytes:
+    """A header packed field by field from the table in docs/trace-format.md (not via the reader)."""
+    mask = bytearray(64)
+    for l in mask_layers:
+        mask[l // 8] |= 1 << (l % 8)
+    rs = 20 + 8 * n_used + 8 * depth if record_size is None else record_size
+    head = struct.pack("<8sIIIIIIIIifII", magic, version, header_size, rs, n_layer, n_expert, n_used, depth,
+                       mode, 5, margin, min_read, 0b11)
+    out = head + bytes(mask) + b"qwen3moe".ljust(32, b"\0") + b"Some Model".ljust(256, b"\0") + bytes(104)
+    assert len(out) == 512
+    return out
+
+
+def doc_record(step, seq, pos, layer, n_read, flags, actual, weights, pred, logits) -> bytes:
+    return (struct.pack("<IiiHHHH", step, seq, pos, layer, n_read, flags, 0)
+            + struct.pack(f"<{len(actual)}i{len(weights)}f{len(pred)}i{len(logits)}f",
+                          *actual, *weights, *pred, *logits))
+
+
+def test_reads_the_documented_layout(tmp_path):
+    path = tmp_path / "doc.trace"
+    path.write_bytes(
+        doc_header()
+        + doc_record(3, 1, 42, 1, 2, TRACE_FLAG_PREDICTED | TRACE_FLAG_DECODE, [5, 6], [0.625, 0.375],
+                     [6, 5, 0], [1.5, 1.25, -2.0])
+        + doc_record(3, 1, 42, 2, 0, TRACE_FLAG_DECODE, [7, 0], [0.5, 0.5], [-1, -1, -1], [math.nan] * 3)
+    )
+    t = open_trace(path)
+    h = t.header
+    assert (h.version, h.header_size, h.record_size) == (1, 512, 20 + 16 + 24)
+    assert (h.n_layer, h.n_expert, h.n_expert_used, h.depth) == (4, 8, 2, 3)
+    assert (h.mode, h.mode_name, h.depth_requested, h.margin, h.min_read) == (2, "block", 5, 0.5, 1)
+    assert h.no_attn and h.stats  # flags 0b11
+    assert h.layer_mask == frozenset({1, 3, 9})  # byte l/8, bit l%8
+    assert (h.arch, h.model) == ("qwen3moe", "Some Model")
+    assert isinstance(t.records, np.memmap) and t.n_records == 2 and t.dropped_bytes == 0
+    r = t.records[0]
+    assert (r["step"], r["seq_id"], r["pos"], r["layer"], r["n_read"], r["flags"]) == (3, 1, 42, 1, 2, 3)
+    ids, w = t.actual()
+    assert ids.tolist() == [[5, 6], [7, 0]] and w.tolist() == [[0.625, 0.375], [0.5, 0.5]]
+    pids, logits = t.predicted()
+    assert pids.tolist() == [[6, 5, 0], [-1, -1, -1]]
+    assert logits[0].tolist() == [1.5, 1.25, -2.0] and np.isnan(logits[1]).all()
+    assert t.actual(1, 2)[0].tolist() == [[7, 0]]
+
+
+def test_writer_round_trip(tmp_path):
+    h = small_header(mode=MODE_BLOCK, margin=0.25, min_read=1, layers={1, 2}, flags=1)
+    t = Trace.open(write(tmp_path / "t", h, ROWS))
+    assert t.header == h
+    assert (tmp_path / "t").stat().st_size == 512 + 3 * h.record_size
+    assert h.record_size == 20 + 8 * 2 + 8 * 3 == record_dtype(2, 3).itemsize
+    rec = t.records
+    assert rec["seq_id"].tolist() == [0, 0, 2] and rec["pos"].tolist() == [5, 5, 6]
+    assert rec["layer"].tolist() == [0, 1, 1] and rec["n_read"].tolist() == [0, 3, 2]
+    # flags: unpredicted decode row; predicted decode row; predicted prefill row
+    assert rec["flags"].tolist() == [TRACE_FLAG_DECODE, TRACE_FLAG_DECODE | TRACE_FLAG_PREDICTED, TRACE_FLAG_PREDICTED]
+    assert rec["actual_w"][0].tolist() == [0.75, 0.25]
+    assert rec["actual_w"][2].tolist() == [0.5, 0.5]  # the writer's default: 1/n_used each
+    assert rec["pred_ids"].tolist() == [[-1, -1, -1], [3, 7, 4], [7, 0, 1]]
+    assert np.isnan(rec["pred_logits"][0]).all()
+
+
+def test_model_name_truncated_to_255_bytes_and_decoded(tmp_path):
+    long = "Ü" * 200  # 400 bytes of UTF-8: cut at 255, inside a character
+    t = Trace.open(write(tmp_path / "t", small_header(model=long)))
+    assert t.header.model == "Ü" * 127 + "\ufffd"  # 254 bytes, then half a character: replaced
+
+
+def test_iter_chunks_covers_records_in_order(tmp_path):
+    rows = [dict(step=i, seq_id=0, pos=i, layer=1, actual=[i % 8, (i + 1) % 8]) for i in range(10)]
+    t = Trace.open(write(tmp_path / "t", small_header(), rows))
+    chunks = list(t.iter_chunks(4))
+    assert [len(c) for c in chunks] == [4, 4, 2]
+    assert np.concatenate(chunks)["pos"].tolist() == list(range(10))
+    with pytest.raises(ValueError):
+        next(t.iter_chunks(0))
+
+
+# --- bad input -------------------------------------------------------------------------
+
+
+def test_empty_trace_is_valid(tmp_path):
+    t = Trace.open(write(tmp_path / "t", small_header()))
+    assert t.n_records == 0 and t.dropped_bytes == 0
+    assert t.records.dtype == t.header.dtype
+    assert list(t.iter_chunks()) == []
+
+
+def test_truncated_trace_reads_whole_records_and_warns(tmp_path, caplog):
+    h = small_header()
+    path = write(tmp_path / "t", h, ROWS)
+    data = path.read_bytes()
+    path.write_bytes(data[: 512 + 2 * h.record_size + 17])  # 2 whole records and 17 bytes of the third
+    with caplog.at_level(logging.WARNING, logger="onebit_predict.trace"):
+        t = Trace.open(path)
+    assert t.n_records == 2 and t.dropped_bytes == 17
+    assert t.records["layer"].tolist() == [0, 1]
+    assert "dropped 17 bytes" in caplog.text
+
+
+def test_missing_file_is_an_os_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        Trace.open(tmp_path / "absent")
+
+
+@pytest.mark.parametrize("size", [0, 100, 511])
+def test_file_shorter_than_header(tmp_path, size):
+    path = tmp_path / "t"
+    path.write_bytes(doc_header()[:size])
+    with pytest.raises(TraceError, match=f"file is {size} bytes, shorter than the 512-byte header"):
+        Trace.open(path)
+
+
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(magic=b"GGUF\0\0\0\0"), "bad magic"),
+        (dict(version=2), "version 2 is not supported"),
+        (dict(version=0), "version 0 is not supported"),
+        (dict(header_size=256), "header_size 256 != 512"),
+        (dict(record_size=61), "record_size 61 != 60"),
+        (dict(n_used=9, record_size=20 + 72 + 24), "n_expert_used 9 is not in 1..n_expert"),
+        (dict(n_used=0, record_size=20 + 24), "n_expert_used 0 is not in 1..n_expert"),
+        (dict(depth=9, record_size=20 + 16 + 72, min_read=1), "depth 9 is not in 1..n_expert"),
+        (dict(n_layer=0), "n_layer 0 is not in 1..512"),
+        (dict(n_layer=513), "n_layer 513 is not in 1..512"),
+        (dict(n_expert=0, n_used=0, depth=0, min_read=0), "n_expert is 0"),
+        (dict(mode=3), "unknown mode 3"),
+        (dict(margin=-1.0), "margin -1.0 is not"),
+        (dict(margin=math.nan), "margin nan is not"),
+        (dict(min_read=4), "min_read 4 exceeds depth 3"),
+    ],
+)
+def test_bad_header_raises_trace_error(tmp_path, kw, message):
+    path = tmp_path / "t"
+    path.write_bytes(doc_header(**kw))
+    with pytest.raises(TraceError, match=message) as err:
+        Trace.open(path)
+    assert isinstance(err.value, ValueError)
+
+
+def test_header_to_bytes_does_not_validate(tmp_path):
+    """Tests build bad headers with the writer; the reader is what refuses them."""
+    bad = dataclasses.replace(small_header(), record_size=7)
+    path = write(tmp_path / "t", bad)
+    with pytest.raises(TraceError, match="record_size 7"):
+        Trace.open(path)
