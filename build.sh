@@ -96,7 +96,9 @@ series_files() {
 series_hash() {
     local files
     files=$(series_files)
-    { cat "$SERIES"; [[ -z $files ]] || cat $files; } | sha256sum | cut -c1-16
+    local paths=()
+    [[ -z $files ]] || mapfile -t paths <<<"$files"
+    { cat "$SERIES"; [[ ${#paths[@]} -eq 0 ]] || cat "${paths[@]}"; } | sha256sum | cut -c1-16
 }
 
 flags_hash() {
@@ -134,7 +136,8 @@ fetch_sdist() {
 
 # a git repo of the sdist's vendored llama.cpp, one commit tagged onebit-pristine
 pristine_tree() {
-    local version=$1 dir=$CACHE/src/$version/pristine
+    local version=$1
+    local dir=$CACHE/src/$version/pristine
     if [[ -f $dir/.onebit-ok ]]; then
         printf '%s' "$dir"
         return
@@ -159,6 +162,17 @@ pristine_tree() {
     printf '%s' "$dir"
 }
 
+# the series file git am stopped at in TREE (rebase-apply/next counts the mails of FILES, one
+# patch each), else the subject of the commit it was making
+am_stopped_at() {
+    local tree=$1 files=$2 dir n name
+    dir=$("${GIT[@]}" -C "$tree" rev-parse --git-path rebase-apply 2>/dev/null) || return 0
+    [[ $dir == /* ]] || dir=$tree/$dir
+    n=$(cat "$dir/next" 2>/dev/null) || return 0
+    name=$(printf '%s\n' "$files" | sed -n "${n}p")
+    if [[ -n $name ]]; then basename "$name"; else head -n 1 "$dir/final-commit" 2>/dev/null || true; fi
+}
+
 # apply the series to a fresh clone of the pristine tree in DEST (atomically: only a fully
 # patched tree ever appears at DEST); mode "-3" or "" (plain: no three-way, no fuzz)
 apply_series() {
@@ -169,11 +183,12 @@ apply_series() {
     run_logged "see the log" "${GIT[@]}" clone -q --no-hardlinks "$pristine" "$dest.tmp"
     run_logged "see the log" "${GIT[@]}" -C "$dest.tmp" checkout -q -b "$WORK_BRANCH" "$PRISTINE_TAG"
     if [[ -n $files ]]; then
-        # shellcheck disable=SC2086
-        if ! "${GIT[@]}" -C "$dest.tmp" am -q $mode --keep-cr $files >>"$LOG" 2>&1; then
+        local paths=()
+        mapfile -t paths <<<"$files"
+        # shellcheck disable=SC2086 # $mode is empty or one flag
+        if ! "${GIT[@]}" -C "$dest.tmp" am -q $mode --keep-cr "${paths[@]}" >>"$LOG" 2>&1; then
             local failed
-            failed=$(cat "$dest.tmp/.git/rebase-apply/patch-name" 2>/dev/null \
-                || sed -n 's/^Subject: //p' "$dest.tmp/.git/rebase-apply/final-commit" 2>/dev/null || true)
+            failed=$(am_stopped_at "$dest.tmp" "$files")
             say "error: the series does not apply to the pristine tree (patch: ${failed:-see log}); log: $LOG"
             tail -n 15 "$LOG" | sed 's/^/    /' >&2
             rm -rf "$dest.tmp"
@@ -299,7 +314,7 @@ cmd_test() {
 }
 
 cmd_check() {
-    local version sha pristine tmp problems=0
+    local version sha pristine problems=0
     version=$(pin_value version)
     sha=$(pin_value sha256)
     mkdir -p "$CACHE/logs"
@@ -307,10 +322,11 @@ cmd_check() {
     : >"$LOG"
 
     step "lint patches/series"
-    local listed=() name
+    local listed=() name files
+    files=$(series_files) # exits 2 on a listed file that is not in patches/
     while IFS= read -r name; do
-        listed+=("$(basename "$name")")
-    done < <(series_files)
+        [[ -z $name ]] || listed+=("$(basename "$name")")
+    done <<<"$files"
     [[ ${#listed[@]} -gt 0 ]] || { say "error: patches/series lists no patch"; problems=1; }
     local dups
     dups=$(printf '%s\n' "${listed[@]}" | sort | uniq -d)
@@ -331,8 +347,10 @@ cmd_check() {
 
     fetch_sdist "$version" "$sha"
     pristine=$(pristine_tree "$version")
-    tmp=$(mktemp -d "${TMPDIR:-/tmp}/onebit-check.XXXXXX")
-    trap 'rm -rf "$tmp"' EXIT
+    # a global: the EXIT trap also runs after cmd_check has returned, where a local is unset
+    CHECK_TMP=$(mktemp -d "${TMPDIR:-/tmp}/onebit-check.XXXXXX")
+    trap 'rm -rf "$CHECK_TMP"' EXIT
+    local tmp=$CHECK_TMP
     step "apply the series to a clean pristine tree (git am, no three-way, no fuzz)"
     apply_series "$pristine" "$tmp/tree" ""
     step "re-export and compare with patches/"
@@ -353,12 +371,15 @@ cmd_check() {
 
 # stop on a conflict with the patch, the files and the commands to finish
 conflict_help() {
-    local tree=$1 patch files
-    patch=$(cat "$tree/.git/rebase-apply/patch-name" 2>/dev/null || true)
-    [[ -n $patch ]] || patch=$(sed -n 's/^Subject: //p' "$tree/.git/rebase-apply/final-commit" 2>/dev/null | head -n 1)
+    local tree=$1 series=$2 patch files
+    patch=$(am_stopped_at "$tree" "$series")
     files=$("${GIT[@]}" -C "$tree" diff --name-only --diff-filter=U 2>/dev/null || true)
     say "error: conflict while applying ${patch:-a patch} in $tree"
-    [[ -z $files ]] || say "conflicting files:" && printf '    %s\n' $files >&2
+    say "git am output: $LOG"
+    if [[ -n $files ]]; then
+        say "conflicting files:"
+        printf '%s\n' "$files" | sed 's/^/    /' >&2
+    fi
     say "to resolve:"
     say "    cd $tree"
     say "    # edit the files, then:"
@@ -407,10 +428,19 @@ cmd_rebase() {
     # remember where the series starts, for ./build.sh export --from
     "${GIT[@]}" -C "$target" rev-parse HEAD >"$("${GIT[@]}" -C "$target" rev-parse --absolute-git-dir)/onebit-base"
 
+    # git am -3 needs the blobs the patches were made against: bring the pinned pristine
+    # tree's objects into the target (under a ref of ours, no branch or tag is touched)
+    local pin_version pinned
+    pin_version=$(pin_value version)
+    fetch_sdist "$pin_version" "$(pin_value sha256)"
+    pinned=$(pristine_tree "$pin_version")
+    run_logged "see the log" "${GIT[@]}" -C "$target" fetch -q --no-tags "$pinned" "+refs/tags/$PRISTINE_TAG:refs/onebit/pinned-base"
+
     step "apply patches/series to $target (git am -3)"
-    # shellcheck disable=SC2086
-    if ! "${GIT[@]}" -C "$target" am -q -3 --keep-cr $files >>"$LOG" 2>&1; then
-        conflict_help "$target"
+    local paths=()
+    [[ -z $files ]] || mapfile -t paths <<<"$files"
+    if ! "${GIT[@]}" -C "$target" am -q -3 --keep-cr "${paths[@]}" >>"$LOG" 2>&1; then
+        conflict_help "$target" "$files"
         exit 1
     fi
     say "==> the series applies to $target"

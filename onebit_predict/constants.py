@@ -32,6 +32,7 @@ TRACE_FLAG_PREDICTED = 1 << 0
 TRACE_FLAG_DECODE = 1 << 1
 TRACE_HDR_FLAG_NO_ATTN = 1 << 0
 TRACE_HDR_FLAG_STATS = 1 << 1
+TRACE_HDR_FLAG_DEBUG_SELF = 1 << 2
 TRACE_ARCH_BYTES = 32  # NUL-padded
 TRACE_MODEL_BYTES = 256  # NUL-padded, at most 255 bytes of text
 TRACE_CHUNK_RECORDS = 1 << 14  # records a reader holds at once (bounded memory)

@@ -194,21 +194,27 @@ def effective_min(min_requested: int, depth: int, n_expert_used: int) -> int:
     return max(0, min(floor, depth))
 
 
+def n_read_rows(logits: np.ndarray, margin: float, min_read: int) -> np.ndarray:
+    """Candidates read of each ranked row of a [rows, depth] array (best first): the leading
+    run with ``logits[0] - logits[i] <= margin`` (all of them with no margin), raised to
+    min_read, never above the depth; binary32 arithmetic, as in C."""
+    rows, depth = logits.shape
+    if math.isinf(margin) and margin > 0:
+        run = np.full(rows, depth)
+    else:
+        logits = logits.astype(np.float32, copy=False)
+        with np.errstate(over="ignore", invalid="ignore"):
+            ok = (logits[:, :1] - logits) <= np.float32(margin)
+        run = np.where(ok.all(axis=1), depth, ok.argmin(axis=1))
+    return np.clip(run, min_read, depth)
+
+
 def n_read(logits: Sequence[float], depth: int, margin: float, min_read: int) -> int:
-    """Candidates read of one ranked row (best first): the leading run within margin of the
-    best, never fewer than min_read, never more than depth; binary32 arithmetic."""
+    """n_read_rows of one row, cut to depth (onebit_n_read in C)."""
     if depth <= 0:
         return 0
-    if math.isinf(margin) and margin > 0:
-        n = depth
-    else:
-        best = np.float32(logits[0])
-        gate = np.float32(margin)
-        n = 0
-        with np.errstate(over="ignore", invalid="ignore"):
-            while n < depth and best - np.float32(logits[n]) <= gate:
-                n += 1
-    return max(n, min(min_read, depth))
+    row = np.asarray(logits[:depth], dtype=np.float32).reshape(1, depth)
+    return int(n_read_rows(row, margin, min_read)[0])
 
 
 def parse_policy(env: Env, n_layer: int, n_expert: int, n_expert_used: int) -> tuple[Policy, list[str]]:

@@ -42,7 +42,7 @@ def llama() -> Any:
         def forward(level: int, text: bytes, _user: Any) -> None:
             # keep onebit's own lines, warnings and errors; llama.cpp's load chatter only with ONEBIT_VERBOSE=1
             line = text.decode("utf-8", "replace")
-            if verbose or level >= 3 or line.startswith("onebit"):
+            if verbose or level in (3, 4) or line.startswith("onebit"):
                 sys.stderr.write(line)
 
         _log_callback = forward

@@ -34,6 +34,7 @@ from itertools import count
 import numpy as np
 
 from .constants import MODE_OFF, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from .policy import n_read_rows
 from .trace import Trace, TraceHeader
 
 
@@ -119,21 +120,6 @@ def _has_dup(ids: np.ndarray) -> np.ndarray:
     return (s[:, 1:] == s[:, :-1]).any(axis=1)
 
 
-def read_counts(logits: np.ndarray, margin: float, min_read: int) -> np.ndarray:
-    """n_read of each ranked row as docs/policy.md resolves it, in binary32 arithmetic.
-
-    The leading run of candidates with ``logits[0] - logits[i] <= margin`` (every one when
-    margin is +inf), raised to ``min_read``, never above the depth.
-    """
-    n, depth = logits.shape
-    if math.isinf(margin):
-        run = np.full(n, depth)
-    else:
-        ok = (logits[:, :1] - logits) <= np.float32(margin)
-        run = np.where(ok.all(axis=1), depth, ok.argmin(axis=1))
-    return np.clip(run, min_read, depth)
-
-
 _ISSUES = {  # control counters -> what they count, in report order
     "layer_range": "records with layer >= n_layer ({h.n_layer})",
     "actual_range": "records with actual ids outside [0, {h.n_expert})",
@@ -179,7 +165,7 @@ def _check(h: TraceHeader, rec: np.ndarray, found: Counter[str]) -> None:
     found["pred_range"] += int(((pr < 0) | (pr >= h.n_expert)).any(axis=1).sum())
     found["pred_dup"] += int(_has_dup(pr).sum())
     found["pred_unranked"] += int((~(pl[:, 1:] <= pl[:, :-1]).all(axis=1) | np.isnan(pl[:, 0])).sum())
-    found["pred_n_read"] += int((n_read[predicted] != read_counts(pl, h.margin, h.min_read)).sum())
+    found["pred_n_read"] += int((n_read[predicted] != n_read_rows(pl, h.margin, h.min_read)).sum())
 
 
 def _score(h: TraceHeader, rec: np.ndarray, last: np.ndarray, sums: dict[str, np.ndarray]) -> np.ndarray:

@@ -24,3 +24,26 @@ def c_policy():
         pytest.fail(str(e), pytrace=False)
 
 # --- end of the C++ policy section ---------------------------------------------------------
+
+
+# --- tiny random models written by the patched build (bit-identity, traces, commands) ----
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """``tiny_model(arch)``: the path of a tiny random GGUF of that architecture (made once)."""
+    from onebit_predict.tiny import write_tiny_model
+
+    made: dict[str, object] = {}
+    root = tmp_path_factory.mktemp("tiny")
+
+    def get(arch: str):
+        if arch not in made:
+            try:
+                made[arch] = write_tiny_model(arch, root / f"{arch}.gguf")
+            except NotBuiltError as e:
+                pytest.fail(str(e), pytrace=False)
+        return made[arch]
+
+    return get
+
+# --- end of the tiny models section ---------------------------------------------------------

@@ -60,9 +60,9 @@ class Run:
 
 
 def run_build_sh(repo: Path, cache: Path, *args: str, tmpdir: Path | None = None,
-                 no_cmake: bool = False) -> Run:
+                 no_cmake: bool = False, extra_env: dict[str, str] | None = None) -> Run:
     """``repo/build.sh ARGS`` with ONEBIT_CACHE=cache (TMPDIR=tmpdir when given)."""
-    env = dict(os.environ, ONEBIT_CACHE=str(cache))
+    env = dict(os.environ, ONEBIT_CACHE=str(cache), **(extra_env or {}))
     env.pop("VIRTUAL_ENV", None)  # build.sh would install into the caller's venv
     if tmpdir is not None:
         tmpdir.mkdir(parents=True, exist_ok=True)
@@ -138,7 +138,6 @@ def clone_pristine(pristine: Path, dest: Path, branch: str | None = None) -> Pat
 def leftovers(cache: Path, tmpdir: Path) -> list[str]:
     """What a failed run must not leave: half-made trees in the cache, anything in TMPDIR."""
     found = [str(p) for p in cache.glob("src/*/*") if p.name.endswith(".tmp") or p.name.startswith("work-")]
-    found += [str(p) for p in cache.glob("src/*/*/.onebit-ok") if p.parent.name != "pristine"]
     found += [str(p) for p in cache.glob("sdist/.fetch.*")]
     if tmpdir.exists():
         found += [str(p) for p in tmpdir.iterdir()]
@@ -165,6 +164,14 @@ def first_upstream_hunk(patch: Path) -> tuple[str, str, str, list[str]]:
             if j > i + 1 and k > j and lines[k].startswith(" "):
                 return path, lines[j - 1][1:], lines[k][1:], [a[1:] for a in lines[j:k]]
     raise AssertionError(f"{patch.name}: no hunk inserting between two context lines of an upstream file")
+
+
+def inserts_upstream(patch: Path) -> bool:
+    try:
+        first_upstream_hunk(patch)
+    except AssertionError:
+        return False
+    return True
 
 
 def corrupt_first_context_line(patch: Path) -> str:
@@ -241,7 +248,7 @@ def cache(sdist_cache: Path, seed: Seed) -> Path:
 
 
 @pytest.fixture
-def tmpdir_(tmp_path: Path) -> Path:
+def tmp_dir(tmp_path: Path) -> Path:
     """TMPDIR for build.sh, to see what it leaves behind."""
     return tmp_path / "tmp"
 
@@ -259,7 +266,7 @@ def test_help_lists_the_subcommands(tmp_path: Path) -> None:
     assert not (tmp_path / "cache").exists(), "help touched the cache"
 
 
-@pytest.mark.parametrize(("args", "message"), [
+USAGE_ERRORS = [
     (["frobnicate"], "unknown subcommand 'frobnicate'"),
     (["rebase"], "rebase needs --to VERSION or --tree DIR"),
     (["rebase", "--to"], "--to needs a VERSION"),
@@ -274,7 +281,10 @@ def test_help_lists_the_subcommands(tmp_path: Path) -> None:
     (["check", "extra-arg"], "check takes no arguments"),
     (["test", "extra-arg"], "test takes no arguments"),
     (["pristine", "extra-arg"], "pristine takes no arguments"),
-], ids=lambda v: "_".join(v) if isinstance(v, list) else None)
+]
+
+
+@pytest.mark.parametrize(("args", "message"), USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
 def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
     r = run_build_sh(REPO_ROOT, tmp_path / "cache", *args)
     assert r.rc == 2, r
@@ -286,7 +296,9 @@ def test_usage_errors_exit_2(tmp_path: Path, args: list[str], message: str) -> N
 def test_rebase_tree_that_is_not_a_git_checkout_exits_2(tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     plain.mkdir()
-    r = run_build_sh(REPO_ROOT, tmp_path / "cache", "rebase", "--tree", str(plain))
+    # a plain directory even when the temporary directory sits inside some git checkout
+    r = run_build_sh(REPO_ROOT, tmp_path / "cache", "rebase", "--tree", str(plain),
+                     extra_env={"GIT_CEILING_DIRECTORIES": str(tmp_path)})
     assert r.rc == 2, r
     assert f"--tree '{plain}' is not a git checkout" in r.stderr, r
 
@@ -294,7 +306,7 @@ def test_rebase_tree_that_is_not_a_git_checkout_exits_2(tmp_path: Path) -> None:
 # --- 2. the sdist's sha256 --------------------------------------------------------------------
 
 @pytest.mark.parametrize("subcommand", ["check", "build"])
-def test_tampered_sdist_is_refused(tmp_path: Path, seed: Seed, tmpdir_: Path, subcommand: str) -> None:
+def test_tampered_sdist_is_refused(tmp_path: Path, seed: Seed, tmp_dir: Path, subcommand: str) -> None:
     cache = tmp_path / "cache"
     tampered = cache / "sdist" / SDIST_NAME
     tampered.parent.mkdir(parents=True)
@@ -302,45 +314,45 @@ def test_tampered_sdist_is_refused(tmp_path: Path, seed: Seed, tmpdir_: Path, su
     with tampered.open("ab") as f:
         f.write(b"\0")
     actual = sha256_of(tampered)
-    r = run_build_sh(REPO_ROOT, cache, subcommand, tmpdir=tmpdir_, no_cmake=True)
+    r = run_build_sh(REPO_ROOT, cache, subcommand, tmpdir=tmp_dir, no_cmake=True)
     assert r.rc == 1, r
     assert f"{tampered} has sha256 {actual}" in r.stderr, r
     assert f"patches/PIN expects    {SHA256}" in r.stderr, r
     assert f"what to do: delete {tampered} and run again" in r.stderr, r
     assert not (cache / "src").exists(), f"a tree was made from the tampered sdist\n{r}"
     assert not (cache / "build").exists(), r
-    assert leftovers(cache, tmpdir_) == [], r
+    assert leftovers(cache, tmp_dir) == [], r
 
 
 # --- 3. and 4. the lint of patches/series -----------------------------------------------------
 
-def test_series_entry_without_a_file_exits_2(repo: Path, cache: Path, tmpdir_: Path) -> None:
+def test_series_entry_without_a_file_exits_2(repo: Path, cache: Path, tmp_dir: Path) -> None:
     with (repo / "patches" / "series").open("a") as f:
         f.write("0099-onebit-not-there.patch\n")
-    r = run_build_sh(repo, cache, "check", tmpdir=tmpdir_)
+    r = run_build_sh(repo, cache, "check", tmpdir=tmp_dir)
     assert r.rc == 2, r
     assert "patches/series lists '0099-onebit-not-there.patch', which is not in patches/" in r.stderr, r
     assert "==> verify the sdist" not in r.stderr, f"check went past the lint of the series\n{r}"
-    assert leftovers(cache, tmpdir_) == [], r
+    assert leftovers(cache, tmp_dir) == [], r
 
 
-def test_orphan_patch_fails_the_lint(repo: Path, sdist_cache: Path, tmpdir_: Path) -> None:
+def test_orphan_patch_fails_the_lint(repo: Path, sdist_cache: Path, tmp_dir: Path) -> None:
     first = repo / "patches" / series(repo)[0]
     shutil.copyfile(first, repo / "patches" / "0099-onebit-orphan.patch")
-    r = run_build_sh(repo, sdist_cache, "check", tmpdir=tmpdir_)
+    r = run_build_sh(repo, sdist_cache, "check", tmpdir=tmp_dir)
     assert r.rc == 1, r
     assert "error: 0099-onebit-orphan.patch is in patches/ but not in patches/series" in r.stderr, r
     assert "==> verify the sdist" not in r.stderr, r
     assert not (sdist_cache / "src").exists(), r
 
 
-def test_patch_without_why_fails_the_lint(repo: Path, sdist_cache: Path, tmpdir_: Path) -> None:
+def test_patch_without_why_fails_the_lint(repo: Path, sdist_cache: Path, tmp_dir: Path) -> None:
     name = series(repo)[-1]
     patch = repo / "patches" / name
     text = patch.read_text()
     assert "\nWhy:" in text
     patch.write_text(text.replace("\nWhy:", "\nReason:", 1))
-    r = run_build_sh(repo, sdist_cache, "check", tmpdir=tmpdir_)
+    r = run_build_sh(repo, sdist_cache, "check", tmpdir=tmp_dir)
     assert r.rc == 1, r
     assert f"error: {name} has no 'Why:' line in its header" in r.stderr, r
     assert "==> verify the sdist" not in r.stderr, r
@@ -358,19 +370,19 @@ def broken_patch(repo: Path) -> str:
     return name
 
 
-def test_check_names_a_patch_that_does_not_apply(repo: Path, cache: Path, tmpdir_: Path, broken_patch: str) -> None:
-    r = run_build_sh(repo, cache, "check", tmpdir=tmpdir_)
+def test_check_names_a_patch_that_does_not_apply(repo: Path, cache: Path, tmp_dir: Path, broken_patch: str) -> None:
+    r = run_build_sh(repo, cache, "check", tmpdir=tmp_dir)
     assert r.rc == 1, r
     assert "error: the series does not apply to the pristine tree" in r.stderr, r
     assert broken_patch in r.stderr, f"the failing patch is not named\n{r}"
     assert "what to do: fix the patch in patches/" in r.stderr, r
-    assert leftovers(cache, tmpdir_) == [], r
+    assert leftovers(cache, tmp_dir) == [], r
     assert git(cache / "src" / VERSION / "pristine", "status", "--porcelain") == "?? .onebit-ok\n"
 
 
-def test_build_stops_at_a_patch_that_does_not_apply(repo: Path, cache: Path, tmpdir_: Path,
+def test_build_stops_at_a_patch_that_does_not_apply(repo: Path, cache: Path, tmp_dir: Path,
                                                     broken_patch: str) -> None:
-    r = run_build_sh(repo, cache, "build", tmpdir=tmpdir_, no_cmake=True)
+    r = run_build_sh(repo, cache, "build", tmpdir=tmp_dir, no_cmake=True)
     assert r.rc == 1, r
     assert "==> apply patches/series (git am -3)" in r.stderr, r
     assert "error: the series does not apply to the pristine tree" in r.stderr, r
@@ -378,20 +390,20 @@ def test_build_stops_at_a_patch_that_does_not_apply(repo: Path, cache: Path, tmp
     assert "configure llama.cpp" not in r.stderr, r
     assert not (cache / "build").exists(), r
     assert not (repo / "build").exists(), r
-    assert leftovers(cache, tmpdir_) == [], f"a half-patched tree was left behind\n{r}"
+    assert leftovers(cache, tmp_dir) == [], f"a half-patched tree was left behind\n{r}"
 
 
 # --- 6. a clean check -------------------------------------------------------------------------
 
-def test_check_passes_on_the_committed_series(repo: Path, cache: Path, tmpdir_: Path) -> None:
+def test_check_passes_on_the_committed_series(repo: Path, cache: Path, tmp_dir: Path) -> None:
     before = {p.name: p.read_bytes() for p in (repo / "patches").iterdir()}
-    r = run_build_sh(repo, cache, "check", tmpdir=tmpdir_)
+    r = run_build_sh(repo, cache, "check", tmpdir=tmp_dir)
     assert r.rc == 0, r
     n = len(series(repo))
     assert f"==> check passed: {n} patch(es) apply without fuzz and re-export byte-identically" in r.stderr, r
     assert "error" not in r.stderr, r
     assert {p.name: p.read_bytes() for p in (repo / "patches").iterdir()} == before, "check changed patches/"
-    assert leftovers(cache, tmpdir_) == [], f"check left files behind\n{r}"
+    assert leftovers(cache, tmp_dir) == [], f"check left files behind\n{r}"
 
 
 # --- 7. rebase --tree -------------------------------------------------------------------------
@@ -426,7 +438,7 @@ def test_rebase_tree_conflict_names_patch_files_and_recovery(repo: Path, cache: 
                                                              tmp_path: Path) -> None:
     # the first patch that inserts lines into an upstream file; change both lines around the
     # insertion upstream, so a three-way merge cannot place the patch's lines
-    patch_name = next(n for n in series(repo) if _inserts_upstream(repo / "patches" / n))
+    patch_name = next(n for n in series(repo) if inserts_upstream(repo / "patches" / n))
     path, before, after, _added = first_upstream_hunk(repo / "patches" / patch_name)
     tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
     target = tree / path
@@ -458,14 +470,6 @@ def test_rebase_tree_conflict_names_patch_files_and_recovery(repo: Path, cache: 
     assert {p.name: p.read_bytes() for p in (repo / "patches").iterdir()} == before_export
 
 
-def _inserts_upstream(patch: Path) -> bool:
-    try:
-        first_upstream_hunk(patch)
-    except AssertionError:
-        return False
-    return True
-
-
 def test_rebase_tree_with_uncommitted_changes_exits_2(repo: Path, cache: Path, seed: Seed,
                                                       tmp_path: Path) -> None:
     tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
@@ -484,7 +488,7 @@ def test_rebase_tree_with_uncommitted_changes_exits_2(repo: Path, cache: Path, s
 # --- 8. export --from -------------------------------------------------------------------------
 
 def test_export_from_a_rebased_tree_is_byte_identical(repo: Path, cache: Path, seed: Seed,
-                                                      tmp_path: Path) -> None:
+                                                      tmp_path: Path, tmp_dir: Path) -> None:
     tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
     r = run_build_sh(repo, cache, "rebase", "--tree", str(tree))
     assert r.rc == 0, r
@@ -492,8 +496,9 @@ def test_export_from_a_rebased_tree_is_byte_identical(repo: Path, cache: Path, s
     for p in (repo / "patches").iterdir():
         if p.name != "PIN":
             p.unlink()
-    e = run_build_sh(repo, cache, "export", "--from", str(tree))
+    e = run_build_sh(repo, cache, "export", "--from", str(tree), tmpdir=tmp_dir)
     assert e.rc == 0, e
+    assert list(tmp_dir.iterdir()) == [], "export left its temporary directory behind"
     n = len(series(REPO_ROOT))
     assert f"==> exported {n} patch(es) from {tree} into patches/" in e.stderr, e
     exported = {p.name: p.read_bytes() for p in (repo / "patches").iterdir()}

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from onebit_predict.constants import MODE_OFF
-from onebit_predict.stats import LayerCounts, compare_routing, compute_stats, read_counts
+from onebit_predict.policy import n_read_rows
+from onebit_predict.stats import LayerCounts, compare_routing, compute_stats
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
 
@@ -238,11 +239,11 @@ def test_empty_trace_has_predicted_layers_unscored(tmp_path):
 
 def test_read_counts_uses_binary32():
     # 1.0f - 0.9f = 0.10000002 > 0.1f, while in double 1.0 - 0.9 < 0.1: binary32 reads 1, not 2
-    assert read_counts(np.array([[1.0, 0.9]], dtype=np.float32), 0.1, 0).tolist() == [1]
+    assert n_read_rows(np.array([[1.0, 0.9]], dtype=np.float32), 0.1, 0).tolist() == [1]
     logits = np.array([[3, 2, 1, 0], [3, 3, 3, 3]], dtype=np.float32)
-    assert read_counts(logits, float("inf"), 0).tolist() == [4, 4]  # no gate: the whole depth
-    assert read_counts(logits, 1.0, 0).tolist() == [2, 4]
-    assert read_counts(logits, 1.0, 3).tolist() == [3, 4]  # raised to the floor
+    assert n_read_rows(logits, float("inf"), 0).tolist() == [4, 4]  # no gate: the whole depth
+    assert n_read_rows(logits, 1.0, 0).tolist() == [2, 4]
+    assert n_read_rows(logits, 1.0, 3).tolist() == [3, 4]  # raised to the floor
 
 
 # --- the consistency control -------------------------------------------------------------

@@ -1,0 +1,193 @@
+"""The off-vs-predictor bit-identity check.
+
+Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router and
+block, in several scenarios (multi-ubatch prefill then single-token decode; two sequences
+in one batch; a state save and restore in the middle; flash attention on and off; 1 and 2
+threads), and compares every logits row as bytes, never with a tolerance. A predictor run
+passes only if it also predicted: its trace must hold a PREDICTED record for every routed
+row of every predicted layer, so a check that silently predicted nothing cannot pass.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .constants import ENV_MODE, ENV_OUT, MODE_NAMES, TRACE_FLAG_PREDICTED
+from .runner import Context, ContextSettings, Model
+from .trace import Trace
+
+ENV_DEBUG_LEAK = "ONEBIT_MOE_PREDICT_DEBUG_LEAK"
+MODES = ("router", "block")
+N_PREFILL = 24
+N_DECODE = 16
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One way of feeding the tokens; the same settings are used for every mode."""
+
+    name: str
+    settings: ContextSettings
+    feed: str  # "decode", "two-seqs" or "save-restore"
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("prefill+decode", ContextSettings(n_ubatch=8, n_threads=2, flash_attn=False), "decode"),
+    Scenario("prefill+decode flash-attn", ContextSettings(n_ubatch=8, n_threads=2, flash_attn=True), "decode"),
+    Scenario("prefill+decode 1 thread", ContextSettings(n_ubatch=8, n_threads=1, flash_attn=False), "decode"),
+    Scenario("two sequences", ContextSettings(n_ubatch=8, n_threads=2, n_seq_max=2), "two-seqs"),
+    Scenario("save+restore", ContextSettings(n_ubatch=8, n_threads=2), "save-restore"),
+)
+
+
+@dataclass
+class RunOutput:
+    """What one context produced: logits rows in order, the tokens it routed, its trace."""
+
+    rows: list[bytes] = field(default_factory=list)
+    n_routed: int = 0  # token rows decoded (every row asks for logits, so no layer is trimmed)
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    row: int
+    vocab: int
+    off: float
+    other: float
+
+
+@dataclass(frozen=True)
+class ModeResult:
+    """The verdict for one mode in one scenario."""
+
+    scenario: str
+    mode: str
+    ran: str  # the mode the trace header records (block falls back to router where unsupported)
+    mismatch: Mismatch | None  # None: every logits row is byte-identical to off
+    predicted_rows: int
+    problem: str | None  # why the run proves too little (no predictions, missing rows)
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatch is None and self.problem is None
+
+
+def _stream(n: int, n_vocab: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, n_vocab, size=n).tolist()
+
+
+def _decode(ctx: Context, out: RunOutput, tokens: Sequence[int], pos: Sequence[int], seq: Sequence[int]) -> None:
+    out.rows.extend(ctx.decode(tokens, pos, seq, [True] * len(tokens)))
+    out.n_routed += len(tokens)
+
+
+def _feed_decode(ctx: Context, out: RunOutput, toks: list[int]) -> None:
+    _decode(ctx, out, toks[:N_PREFILL], range(N_PREFILL), [0] * N_PREFILL)
+    for i in range(N_DECODE):
+        _decode(ctx, out, [toks[N_PREFILL + i]], [N_PREFILL + i], [0])
+
+
+def _feed_two_seqs(ctx: Context, out: RunOutput, toks: list[int]) -> None:
+    # both prompts in one batch, interleaved, then both sequences step together
+    a, b = toks[:N_PREFILL], toks[N_PREFILL:2 * N_PREFILL]
+    tokens = [t for pair in zip(a, b) for t in pair]
+    pos = [p for p in range(N_PREFILL) for _ in (0, 1)]
+    _decode(ctx, out, tokens, pos, [0, 1] * N_PREFILL)
+    for i in range(N_DECODE):
+        t = 2 * N_PREFILL + 2 * i
+        _decode(ctx, out, toks[t:t + 2], [N_PREFILL + i] * 2, [0, 1])
+
+
+def _feed_save_restore(ctx: Context, out: RunOutput, toks: list[int]) -> None:
+    half = N_DECODE // 2
+    _decode(ctx, out, toks[:N_PREFILL], range(N_PREFILL), [0] * N_PREFILL)
+    for i in range(half):
+        _decode(ctx, out, [toks[N_PREFILL + i]], [N_PREFILL + i], [0])
+    state = ctx.save_state()
+    detour = RunOutput()  # tokens the restore must erase; routed (and traced) but not compared
+    for i in range(4):
+        _decode(ctx, detour, [toks[-1 - i]], [N_PREFILL + half + i], [0])
+    out.n_routed += detour.n_routed
+    ctx.load_state(state)
+    for i in range(half, N_DECODE):
+        _decode(ctx, out, [toks[N_PREFILL + i]], [N_PREFILL + i], [0])
+
+
+FEEDS: dict[str, Callable[[Context, RunOutput, list[int]], None]] = {
+    "decode": _feed_decode,
+    "two-seqs": _feed_two_seqs,
+    "save-restore": _feed_save_restore,
+}
+
+
+def run_once(model: Model, scenario: Scenario, mode: str, trace: Path | None, leak: bool, seed: int) -> RunOutput:
+    """Feed the scenario's tokens through one fresh context with the given mode."""
+    env: dict[str, str | None] = {ENV_MODE: mode, ENV_OUT: str(trace) if trace else None,
+                                  ENV_DEBUG_LEAK: "1" if leak else None}
+    toks = _stream(2 * N_PREFILL + 2 * N_DECODE, model.n_vocab, seed)
+    out = RunOutput()
+    with Context(model, scenario.settings, env) as ctx:
+        FEEDS[scenario.feed](ctx, out, toks)
+    return out
+
+
+def first_mismatch(a: list[bytes], b: list[bytes]) -> Mismatch | None:
+    """The first row/vocab index whose bytes differ (rows of float32 logits)."""
+    for i, (ra, rb) in enumerate(zip(a, b)):
+        if ra != rb:
+            xa = np.frombuffer(ra, dtype=np.float32)
+            xb = np.frombuffer(rb, dtype=np.float32)
+            j = int(np.flatnonzero(xa.view(np.uint32) != xb.view(np.uint32))[0])
+            return Mismatch(i, j, float(xa[j]), float(xb[j]))
+    if len(a) != len(b):
+        return Mismatch(min(len(a), len(b)), -1, float("nan"), float("nan"))
+    return None
+
+
+def prediction_problem(path: Path, n_routed: int) -> tuple[int, str | None, str]:
+    """(PREDICTED records, why the trace proves too little or None, the mode it ran) for a
+    run of n_routed rows.
+
+    Every predicted layer that routes (a MoE layer) must hold exactly n_routed records, all
+    PREDICTED; at least one such layer must exist.
+    """
+    trace = Trace.open(path)
+    n_layer = trace.header.n_layer
+    records = np.zeros(n_layer, dtype=np.int64)
+    predicted = np.zeros(n_layer, dtype=np.int64)
+    for chunk in trace.iter_chunks():
+        records += np.bincount(chunk["layer"], minlength=n_layer)[:n_layer]
+        hit = (chunk["flags"] & TRACE_FLAG_PREDICTED) != 0
+        predicted += np.bincount(chunk["layer"][hit], minlength=n_layer)[:n_layer]
+    layers = [il for il in sorted(trace.header.layer_mask) if il < n_layer and records[il] > 0]
+    total = int(predicted.sum())
+    ran = MODE_NAMES.get(trace.header.mode, "?")
+    if not layers:
+        return total, "the trace holds no record of a predicted layer: nothing was predicted", ran
+    for il in layers:
+        if records[il] != n_routed or predicted[il] != n_routed:
+            return total, (f"layer {il}: {predicted[il]} predicted of {records[il]} records, "
+                           f"{n_routed} rows were routed"), ran
+    return total, None, ran
+
+
+def check_model(model: Model, scenarios: Sequence[Scenario] = SCENARIOS, modes: Sequence[str] = MODES,
+                leak: bool = False, seed: int = 0, trace_dir: Path | None = None) -> list[ModeResult]:
+    """Run every scenario off and with each mode; compare bytes and verify predictions were made."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="onebit-bitident-") as tmp:
+        traces = trace_dir or Path(tmp)
+        for sc in scenarios:
+            ref = run_once(model, sc, "off", None, False, seed)
+            for mode in modes:
+                path = traces / f"{sc.name.replace(' ', '_').replace('+', '_')}-{mode}.bin"
+                out = run_once(model, sc, mode, path, leak and mode == "block", seed)
+                predicted, problem, ran = prediction_problem(path, out.n_routed)
+                mismatch = first_mismatch(ref.rows, out.rows)
+                results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))
+    return results

@@ -1,0 +1,91 @@
+"""The bit-identity check on every covered architecture, and its negative control.
+
+Off vs router vs block must be byte-identical in every scenario and must have predicted;
+with ONEBIT_MOE_PREDICT_DEBUG_LEAK=1 (block stores its speculative state) the same check
+must fail, so a pass means something.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from onebit_predict import cli_bitident
+from onebit_predict.bitident import first_mismatch, prediction_problem
+from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, MODE_ROUTER
+from onebit_predict.tiny import TINY_ARCHS
+from onebit_predict.trace import TraceHeader
+from onebit_predict.trace_writer import TraceWriter
+
+import numpy as np
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_identical_and_predicted(arch, tiny_model, capsys):
+    rc = cli_bitident.main([str(tiny_model(arch)), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == EXIT_OK, report
+    assert report["identical"] is True
+    scenarios = {r["scenario"] for r in report["results"]}
+    assert scenarios == {"prefill+decode", "prefill+decode flash-attn", "prefill+decode 1 thread",
+                         "two sequences", "save+restore"}
+    for r in report["results"]:
+        assert r["mismatch"] is None and r["problem"] is None
+        assert r["ran"] == r["mode"]  # block really ran block on every covered architecture
+        assert r["predicted_rows"] > 0
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_leaky_block_is_caught(arch, tiny_model, capsys):
+    rc = cli_bitident.main([str(tiny_model(arch)), "--debug-leak", "--scenarios", "prefill+decode,save+restore",
+                            "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == EXIT_CHECK_FAILED
+    by_mode = {(r["scenario"], r["mode"]): r for r in report["results"]}
+    for scenario in ("prefill+decode", "save+restore"):
+        assert by_mode[(scenario, "block")]["mismatch"] is not None  # the leak changed the bytes
+        assert by_mode[(scenario, "router")]["mismatch"] is None  # the switch only touches block
+
+
+def test_usage_errors(tmp_path, capsys):
+    assert cli_bitident.main([str(tmp_path / "missing.gguf")]) == EXIT_USAGE
+    assert cli_bitident.main([str(tmp_path), "--modes", "sideways"]) == EXIT_USAGE
+    assert cli_bitident.main([str(tmp_path), "--scenarios", "nope"]) == EXIT_USAGE
+    (tmp_path / "junk.gguf").write_bytes(b"not a gguf")
+    assert cli_bitident.main([str(tmp_path / "junk.gguf")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "no such file" in err and "--modes" in err and "unknown scenario" in err and "could not load" in err
+
+
+def test_first_mismatch_reports_row_and_index():
+    a = np.arange(6, dtype=np.float32)
+    b = a.copy()
+    b[4] = np.nextafter(b[4], np.float32(10))  # one ulp: a tolerance would call it equal
+    rows_a = [a[:3].tobytes(), a[3:].tobytes()]
+    rows_b = [b[:3].tobytes(), b[3:].tobytes()]
+    m = first_mismatch(rows_a, rows_b)
+    assert (m.row, m.vocab, m.off) == (1, 1, 4.0) and m.other != 4.0
+    assert first_mismatch(rows_a, rows_a) is None
+    assert first_mismatch(rows_a, rows_a[:1]).row == 1  # a missing row is a difference
+
+
+def _trace(path, rows, layers_predicted):
+    header = TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=2, mode=MODE_ROUTER, arch="qwen3moe")
+    with TraceWriter(path, header) as w:
+        for pos in range(rows):
+            for layer in range(3):
+                pred = [0, 1] if layer in layers_predicted else None
+                w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=[0, 1], pred=pred,
+                      logits=[1.0, 0.5] if pred else None)
+    return path
+
+
+def test_prediction_problem_requires_every_row(tmp_path):
+    full = _trace(tmp_path / "full.bin", 5, {1, 2})
+    assert prediction_problem(full, 5)[1] is None
+    assert "layer 1" in prediction_problem(full, 6)[1]  # a routed row without a record
+    partial = _trace(tmp_path / "partial.bin", 5, {1})
+    assert "layer 2: 0 predicted" in prediction_problem(partial, 5)[1]
+    none = _trace(tmp_path / "none.bin", 5, set())
+    assert "layer 1: 0 predicted" in prediction_problem(none, 5)[1]

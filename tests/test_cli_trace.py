@@ -1,0 +1,100 @@
+"""onebit-trace and onebit-tiny end to end on the patched build: a real trace, read back.
+
+Also holds the C++ _STATS table to onebit-stats: the same run must give the same counts.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from onebit_predict import cli_trace, tiny
+from onebit_predict.constants import EXIT_OK, EXIT_USAGE, MODE_BLOCK, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from onebit_predict.stats import compute_stats
+from onebit_predict.trace import Trace
+
+N_PROMPT = 20
+N_GEN = 12
+
+
+@pytest.mark.parametrize("mode", ["router", "block"])
+def test_trace_recorded_and_read(mode, tiny_model, tmp_path, capsys):
+    out = tmp_path / f"{mode}.bin"
+    rc = cli_trace.main([str(tiny_model("qwen3moe")), "--mode", mode, "--out", str(out), "--tokens", str(N_PROMPT),
+                         "--generate", str(N_GEN), "--ubatch", "8", "--depth", "4", "--stats"])
+    assert rc == EXIT_OK
+    table = capsys.readouterr().out
+    assert "qwen3moe" in table and "total" in table
+    trace = Trace.open(out)
+    h = trace.header
+    assert (h.arch, h.n_layer, h.n_expert, h.n_expert_used, h.depth) == ("qwen3moe", 4, 8, 2, 4)
+    assert h.mode_name == mode and h.layer_mask == frozenset({1, 2, 3})
+    rec = trace.records
+    # every token is routed through every layer, except that qwen3moe computes its last
+    # layer only for the rows that ask for logits: the prompt's last row and each generated token
+    n_tokens = N_PROMPT + N_GEN
+    for layer in range(3):
+        assert np.count_nonzero(rec["layer"] == layer) == n_tokens
+    assert np.count_nonzero(rec["layer"] == 3) == 1 + N_GEN
+    decode = (rec["flags"] & TRACE_FLAG_DECODE) != 0
+    assert np.count_nonzero(decode) == 4 * N_GEN
+    predicted = (rec["flags"] & TRACE_FLAG_PREDICTED) != 0
+    assert np.array_equal(predicted, rec["layer"] >= 1)
+    assert np.all(rec["pred_ids"][predicted] >= 0) and np.all(rec["pred_ids"][predicted] < 8)
+    stats = compute_stats(trace)
+    assert stats.issues == ()
+    assert stats.total.tokens == 3 * N_GEN
+
+
+def test_native_stats_table_matches_onebit_stats(tiny_model, tmp_path, capfd):
+    """ONEBIT_MOE_PREDICT_STATS (printed by llama.cpp) and onebit-stats count the same rows."""
+    from onebit_predict.runner import Context, ContextSettings, Model
+
+    out = tmp_path / "native.bin"
+    env = {"ONEBIT_MOE_PREDICT": "block", "ONEBIT_MOE_PREDICT_DEPTH": "3", "ONEBIT_MOE_PREDICT_MARGIN": "0.02",
+           "ONEBIT_MOE_PREDICT_OUT": str(out), "ONEBIT_MOE_PREDICT_STATS": "1"}
+    toks = cli_trace.builtin_tokens(N_PROMPT + N_GEN, 64, 3)
+    with Model(tiny_model("qwen3moe")) as model, Context(model, ContextSettings(n_ubatch=8), env) as ctx:
+        ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [False] * (N_PROMPT - 1) + [True])
+        for i in range(N_GEN):
+            ctx.decode([toks[N_PROMPT + i]], [N_PROMPT + i], [0], [True])
+    err = capfd.readouterr().err
+    native = {}
+    for m in re.finditer(r"onebit:\s+(\d+|total)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s", err):
+        native[m.group(1)] = tuple(int(m.group(i)) for i in range(2, 7))
+    stats = compute_stats(Trace.open(out))
+    assert stats.issues == ()
+    for layer in (1, 2, 3):
+        c = stats.layers[layer]
+        assert native[str(layer)] == (c.tokens, c.actual, c.read, c.gated, c.hits_read)
+    t = stats.total
+    assert native["total"] == (t.tokens, t.actual, t.read, t.gated, t.hits_read)
+    assert t.gated > 0  # the margin gate really dropped candidates
+
+
+def test_trace_usage_errors(tmp_path, tiny_model, capsys):
+    assert cli_trace.main([str(tmp_path / "none.gguf"), "--mode", "router", "--out", "x"]) == EXIT_USAGE
+    model = str(tiny_model("qwen3moe"))
+    assert cli_trace.main([model, "--mode", "router", "--out", str(tmp_path / "t"), "--tokens", "0"]) == EXIT_USAGE
+    assert cli_trace.main([model, "--mode", "router", "--out", str(tmp_path / "t"), "--tokens", "500",
+                           "--ctx", "256"]) == EXIT_USAGE
+    assert cli_trace.main([model, "--mode", "router", "--out", str(tmp_path / "t"),
+                           "--prompt-file", str(tmp_path / "nope.txt")]) == EXIT_USAGE
+    with pytest.raises(SystemExit) as exc:
+        cli_trace.main([model, "--mode", "sideways", "--out", "x"])
+    assert exc.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "no such file" in err and "--tokens" in err and "exceeds --ctx" in err
+
+
+def test_tiny_is_deterministic_and_checked(tmp_path, capsys):
+    a = tiny.write_tiny_model("olmoe", tmp_path / "a.gguf", seed=5)
+    b = tiny.write_tiny_model("olmoe", tmp_path / "b.gguf", seed=5)
+    c = tiny.write_tiny_model("olmoe", tmp_path / "c.gguf", seed=6)
+    assert a.read_bytes() == b.read_bytes() != c.read_bytes()
+    assert tiny.main(["--arch", "olmoe", "--out", str(tmp_path / "d.gguf"), "--seed", "-1"]) == EXIT_USAGE
+    with pytest.raises(SystemExit):
+        tiny.main(["--arch", "qwen4exp", "--out", str(tmp_path / "e.gguf")])
+    assert "seed" in capsys.readouterr().err

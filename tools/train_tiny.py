@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""Train a tiny Mixture-of-Experts model on CPU and export it to GGUF.
+
+Hit rates measured on random weights say nothing, so the figures this project publishes
+come from small models whose routers learned to route. This script:
+
+1. builds a small MoE model with the model code that ships in ``transformers``
+   (``--arch qwen3moe``, ``olmoe``, ``qwen4exp``);
+2. trains it on the CPython standard library sources (a real text corpus present on any
+   machine with Python), byte-level: token id = byte value (0..255), id 256 = end of
+   file (``EOD``); vocab 257;
+3. rounds every weight to float16 (so the f16 GGUF holds exactly the weights the
+   transformers model computes with) and saves the transformers checkpoint;
+4. converts it with the pinned llama.cpp tree's ``convert_hf_to_gguf.py`` (its own
+   ``gguf-py``), writing tokenizer model ``none`` plus ``{arch}.vocab_size``: llama.cpp
+   then has no tokenizer, the caller feeds byte values as token ids;
+5. ``--check``: runs the GGUF through the patched llama.cpp and the checkpoint through
+   transformers on the same held-out tokens and reports the logits' NMSE.
+
+Dependencies: the ``train`` extra (``pip install -e .[train]``): torch (CPU), transformers.
+
+    python tools/train_tiny.py --arch qwen3moe --out models/qwen3moe-tiny.gguf --seed 1 --steps 1000
+    python tools/train_tiny.py --check models/qwen3moe-tiny.gguf
+
+Everything is deterministic for a given seed, corpus and thread count: the corpus files are
+read in sorted order, the validation split is a hash of each file's relative path, the
+training windows come from a seeded generator and torch runs with a fixed thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT))
+
+EOD = 256          # end-of-file token between corpus files
+VOCAB = 257        # 256 byte values + EOD
+VAL_MODULUS = 20   # a file is in validation when sha1(relpath) % 20 == 0 (about 5 %)
+# top-level stdlib directories left out: third-party packages, the test suite (mostly
+# generated data and very repetitive), and a few directories of GUI/demo code
+EXCLUDED_TOP = ("site-packages", "dist-packages", "test", "idlelib", "lib2to3", "turtledemo", "tkinter")
+
+
+# --- corpus ------------------------------------------------------------------------------
+
+def corpus_files(root: Path | None = None) -> list[tuple[str, Path]]:
+    """(relative path, path) of every stdlib ``*.py`` in the corpus, sorted by relative path."""
+    root = root or Path(sysconfig.get_paths()["stdlib"])
+    out = []
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root)
+        if rel.parts[0] in EXCLUDED_TOP or "__pycache__" in rel.parts:
+            continue
+        out.append((rel.as_posix(), path))
+    out.sort()
+    return out
+
+
+def is_validation(rel: str) -> bool:
+    return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % VAL_MODULUS == 0
+
+
+def load_corpus() -> dict:
+    """The train and validation token streams (lists of files joined by EOD) and a fingerprint."""
+    import torch
+
+    files = corpus_files()
+    if not files:
+        raise SystemExit("train_tiny: no stdlib sources found (sysconfig stdlib path)")
+    fingerprint = hashlib.sha256()
+    parts: dict[str, list[bytes]] = {"train": [], "val": []}
+    names: dict[str, list[str]] = {"train": [], "val": []}
+    for rel, path in files:
+        data = path.read_bytes()
+        fingerprint.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+        split = "val" if is_validation(rel) else "train"
+        parts[split].append(data)
+        names[split].append(rel)
+
+    def stream(chunks: list[bytes]) -> torch.Tensor:
+        import numpy as np
+
+        arrays = []
+        for c in chunks:
+            arrays.append(np.frombuffer(c, dtype=np.uint8).astype(np.int16))
+            arrays.append(np.array([EOD], dtype=np.int16))
+        return torch.from_numpy(np.concatenate(arrays))
+
+    return {
+        "train": stream(parts["train"]),
+        "val": stream(parts["val"]),
+        "val_files": names["val"],
+        "n_files": {"train": len(names["train"]), "val": len(names["val"])},
+        "fingerprint": fingerprint.hexdigest(),
+        "python": sys.version.split()[0],
+    }
+
+
+def val_windows(val, ctx: int, n: int):
+    """n fixed, evenly spaced windows of ctx+1 tokens from the validation stream."""
+    import torch
+
+    step = (len(val) - ctx - 1) // n
+    return torch.stack([val[i * step: i * step + ctx + 1] for i in range(n)]).long()
+
+
+# --- model configurations ----------------------------------------------------------------
+
+def build_config(arch: str, ctx: int):
+    """The transformers config of the tiny model for ``arch``."""
+    import transformers as tf
+
+    common = dict(vocab_size=VOCAB, max_position_embeddings=ctx, rms_norm_eps=1e-6,
+                  tie_word_embeddings=False, eos_token_id=EOD, bos_token_id=None, pad_token_id=None,
+                  initializer_range=0.02, output_router_logits=True, router_aux_loss_coef=0.01)
+    if arch == "qwen3moe":
+        return tf.Qwen3MoeConfig(
+            hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            moe_intermediate_size=64, num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
+            decoder_sparse_step=1, mlp_only_layers=[], **common)
+    if arch == "olmoe":
+        return tf.OlmoeConfig(
+            hidden_size=64, intermediate_size=64, num_hidden_layers=8,
+            num_attention_heads=4, num_key_value_heads=4,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+            num_experts=16, num_experts_per_tok=2, norm_topk_prob=False, **common)
+    raise SystemExit(f"train_tiny: unknown --arch {arch}")
+
+
+ARCH_CLASS = {"qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "qwen4exp": "Qwen4ExpForCausalLM"}
+
+
+def build_model(arch: str, ctx: int):
+    import transformers as tf
+
+    config = build_config(arch, ctx)
+    config._attn_implementation = "eager"
+    return getattr(tf, ARCH_CLASS[arch])(config)
+
+
+# --- training ----------------------------------------------------------------------------
+
+def setup_torch(threads: int, seed: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def evaluate(model, windows, batch: int = 16) -> float:
+    import torch
+
+    model.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(windows), batch):
+            w = windows[i:i + batch]
+            out = model(input_ids=w[:, :-1], output_router_logits=False)
+            logits = out.logits.float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
+                                                     reduction="sum")
+            total += loss.item()
+            count += w[:, 1:].numel()
+    model.train()
+    return total / count
+
+
+def expert_usage(model, windows, top_k: int) -> list[list[int]]:
+    """Per MoE layer, how many validation tokens each expert was selected for."""
+    import torch
+
+    counts = None
+    model.eval()
+    with torch.no_grad():
+        for i in range(0, len(windows), 16):
+            out = model(input_ids=windows[i:i + 16, :-1], output_router_logits=True)
+            rl = [r for r in out.router_logits if r is not None]
+            if counts is None:
+                counts = [torch.zeros(r.shape[-1], dtype=torch.long) for r in rl]
+            for c, r in zip(counts, rl):
+                idx = torch.topk(r.reshape(-1, r.shape[-1]).float(), top_k, dim=-1).indices
+                c += torch.bincount(idx.reshape(-1), minlength=c.numel())
+    model.train()
+    return [c.tolist() for c in counts]
+
+
+def train(args) -> dict:
+    import torch
+
+    setup_torch(args.threads, args.seed)
+    corpus = load_corpus()
+    print(f"corpus: CPython {corpus['python']} stdlib, {corpus['n_files']['train']} train files "
+          f"({len(corpus['train'])} tokens), {corpus['n_files']['val']} validation files "
+          f"({len(corpus['val'])} tokens), fingerprint {corpus['fingerprint'][:16]}", flush=True)
+    model = build_model(args.arch, args.ctx)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {args.arch}, {n_params} parameters", flush=True)
+    vwin = val_windows(corpus["val"], args.ctx, args.val_windows)
+
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    warmup = max(1, args.steps // 20)
+
+    def lr_at(step: int) -> float:
+        if step < warmup:
+            return args.lr * (step + 1) / warmup
+        t = (step - warmup) / max(1, args.steps - warmup)
+        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
+
+    gen = torch.Generator().manual_seed(args.seed)
+    train_stream = corpus["train"]
+    curve = []
+    v0 = evaluate(model, vwin)
+    print(f"step 0: val {v0:.4f}", flush=True)
+    curve.append({"step": 0, "train": None, "val": v0})
+    t0 = time.time()
+    run_loss, run_n = 0.0, 0
+    model.train()
+    for step in range(args.steps):
+        starts = torch.randint(0, len(train_stream) - args.ctx - 1, (args.batch,), generator=gen)
+        x = torch.stack([train_stream[s:s + args.ctx + 1] for s in starts.tolist()]).long()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        out = model(input_ids=x[:, :-1], labels=x[:, :-1].clone(), output_router_logits=True)
+        # transformers shifts labels itself: labels = inputs, loss on predicting token t+1
+        loss = out.loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        lm = (loss - (out.aux_loss * model.config.router_aux_loss_coef if out.aux_loss is not None else 0)).item()
+        run_loss += lm
+        run_n += 1
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            v = evaluate(model, vwin)
+            tr = run_loss / run_n
+            run_loss, run_n = 0.0, 0
+            curve.append({"step": step + 1, "train": tr, "val": v})
+            print(f"step {step + 1}: train {tr:.4f} val {v:.4f} aux {out.aux_loss.item():.3f} "
+                  f"lr {lr_at(step):.2e} ({time.time() - t0:.0f} s)", flush=True)
+    train_seconds = time.time() - t0
+
+    # round every weight to float16: the f16 GGUF then holds exactly these weights
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(p.half().float())
+    v_f16 = evaluate(model, vwin)
+    usage = expert_usage(model, vwin, model.config.num_experts_per_tok)
+    print(f"after rounding to f16: val {v_f16:.4f}", flush=True)
+    for li, c in enumerate(usage):
+        print(f"layer {li}: expert usage min {min(c)} max {max(c)} (uniform {sum(c) / len(c):.0f}) {c}")
+    return {
+        "model": model, "curve": curve, "val_f16": v_f16, "usage": usage, "n_params": n_params,
+        "train_seconds": round(train_seconds), "corpus": {k: corpus[k] for k in ("n_files", "fingerprint", "python")},
+    }
+
+
+# --- export ------------------------------------------------------------------------------
+
+_CONVERT = r"""
+import sys
+tree, hf_dir, out, outtype, name = sys.argv[1:6]
+sys.path[:0] = [tree + "/gguf-py", tree]
+import gguf
+assert gguf.__file__.startswith(tree), f"gguf from {gguf.__file__}, not the pinned tree"
+import convert_hf_to_gguf as conv
+from conversion.base import ModelBase, TextModel
+
+def byte_vocab(self):
+    # no tokenizer: token id = byte value, id 256 = end of file (documented in models/README.md)
+    self.gguf_writer.add_tokenizer_model("none")
+    key = gguf.Keys.LLM.VOCAB_SIZE.format(arch=self.gguf_writer.arch)
+    if not any(key in kv for kv in self.gguf_writer.kv_data):
+        self.gguf_writer.add_vocab_size(self.hparams["vocab_size"])
+    self.gguf_writer.add_eos_token_id(self.hparams["eos_token_id"])
+
+import json
+from conversion import get_model_class
+arch = json.load(open(hf_dir + "/config.json"))["architectures"][0]
+get_model_class(arch).set_vocab = byte_vocab
+sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", outtype, "--model-name", name]
+conv.main()
+"""
+
+
+def convert(hf_dir: Path, out: Path, outtype: str, name: str) -> None:
+    from onebit_predict.paths import build_info
+
+    tree = build_info().tree
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run([sys.executable, "-c", _CONVERT, str(tree), str(hf_dir), str(out), outtype, name],
+                          env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+        raise SystemExit(f"train_tiny: convert_hf_to_gguf.py failed ({proc.returncode})")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --- the transformers vs llama.cpp check --------------------------------------------------
+
+def llama_logits(gguf_path: Path, seqs: list[list[int]], threads: int = 2):
+    """llama.cpp logits (numpy, [n_seq, len, n_vocab]) of each sequence, each in a fresh context."""
+    import numpy as np
+
+    from onebit_predict.runner import Context, ContextSettings, Model
+
+    n = max(len(s) for s in seqs)
+    settings = ContextSettings(n_ctx=max(256, n), n_batch=n, n_ubatch=n, n_threads=threads)
+    env = {k: None for k in ("ONEBIT_MOE_PREDICT", "ONEBIT_MOE_PREDICT_OUT", "ONEBIT_MOE_PREDICT_STATS")}
+    out = []
+    with Model(gguf_path) as model:
+        for s in seqs:
+            with Context(model, settings, env) as ctx:
+                rows = ctx.decode(s, list(range(len(s))), [0] * len(s), [True] * len(s))
+            out.append(np.stack([np.frombuffer(r, dtype=np.float32) for r in rows]))
+    return np.stack(out)
+
+
+def hf_logits(hf_dir: Path, seqs: list[list[int]]):
+    import torch
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=torch.tensor(seqs), output_router_logits=False).logits.float().numpy()
+
+
+def check_sequences(n_seq: int = 4, length: int = 256) -> list[list[int]]:
+    """Held-out tokens: windows of the validation stream (never trained on)."""
+    corpus = load_corpus()
+    w = val_windows(corpus["val"], length - 1, n_seq)
+    return w.tolist()
+
+
+def check(gguf_path: Path, hf_dir: Path, threads: int = 2) -> dict:
+    import numpy as np
+
+    setup_torch(threads, 0)
+    seqs = check_sequences()
+    a = llama_logits(gguf_path, seqs, threads)
+    b = hf_logits(hf_dir, seqs)
+    nmse = float(np.sum((a - b) ** 2) / np.sum(b ** 2))
+    agree = float(np.mean(a.argmax(-1) == b.argmax(-1)))
+    tgt = np.array(seqs)[:, 1:]
+    acc_llama = float(np.mean(a[:, :-1].argmax(-1) == tgt))
+    acc_hf = float(np.mean(b[:, :-1].argmax(-1) == tgt))
+    res = {"nmse": nmse, "max_abs_diff": float(np.max(np.abs(a - b))), "top1_agreement": agree,
+           "top1_acc_llama": acc_llama, "top1_acc_hf": acc_hf, "tokens": int(a.shape[0] * a.shape[1])}
+    print(json.dumps(res, indent=1))
+    return res
+
+
+# --- CLI ---------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", choices=sorted(ARCH_CLASS))
+    p.add_argument("--out", type=Path, help="the GGUF to write (training mode)")
+    p.add_argument("--hf-dir", type=Path, help="the transformers checkpoint (default: <out without .gguf>-hf/)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--ctx", type=int, default=256)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--val-windows", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--outtype", default="f16", choices=["f16", "f32"])
+    p.add_argument("--check", type=Path, metavar="GGUF", help="compare GGUF (llama.cpp) with its --hf-dir (transformers)")
+    args = p.parse_args(argv)
+
+    if args.check:
+        hf_dir = args.hf_dir or args.check.with_name(args.check.stem + "-hf")
+        res = check(args.check, hf_dir, args.threads)
+        return 0 if res["nmse"] < 1e-4 else 1
+
+    if not args.arch or not args.out:
+        p.error("--arch and --out are required (or --check GGUF)")
+    hf_dir = args.hf_dir or args.out.with_name(args.out.stem + "-hf")
+    cmd = "python tools/train_tiny.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    res = train(args)
+    model = res.pop("model")
+    import torch  # noqa: F401
+
+    model.config.output_router_logits = False
+    model.half().save_pretrained(hf_dir, safe_serialization=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    convert(hf_dir, args.out, args.outtype, f"onebit-tiny-{args.arch}")
+    record = {
+        "command": cmd, "arch": args.arch, "seed": args.seed, "steps": args.steps, "batch": args.batch,
+        "ctx": args.ctx, "lr": args.lr, "threads": args.threads, "outtype": args.outtype,
+        "gguf": args.out.name, "gguf_sha256": sha256(args.out), "gguf_bytes": args.out.stat().st_size,
+        **res,
+    }
+    record["check"] = check(args.out, hf_dir, args.threads)
+    (args.out.with_suffix(".json")).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {args.out} ({record['gguf_bytes']} bytes, sha256 {record['gguf_sha256']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
