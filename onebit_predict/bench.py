@@ -28,6 +28,7 @@ from typing import Sequence
 
 from .constants import ENV_LAYERS, ENV_MODE, ENV_NO_ATTN, ENV_OUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from .paths import CURRENT_ENV, NotBuiltError, build_info
+from .policy import parse_layers
 
 COMPUTE_BUFFER = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
 
@@ -43,6 +44,7 @@ class Config:
 class Sample:
     tok_s: float
     compute_mib: float
+    n_layer: int
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class Row:
     max_tok_s: float
     ratio_to_off: float
     compute_mib: float
+    layers_predicted: int
+    extra_mib_per_layer: float | None  # compute buffer above patched off, per predicted layer
 
 
 def configs(trace_dir: Path, layers_subset: str) -> list[Config]:
@@ -91,7 +95,7 @@ def _worker(args: argparse.Namespace) -> int:
                 ctx.decode([toks[n + i]], [n + i], [0], [True])
             elapsed = time.perf_counter() - t0
     mib = sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(captured.getvalue()))
-    print(json.dumps({"tok_s": args.generate / elapsed, "compute_mib": mib}))
+    print(json.dumps({"tok_s": args.generate / elapsed, "compute_mib": mib, "n_layer": model.n_layer}))
     return EXIT_OK
 
 
@@ -104,7 +108,7 @@ def _run_one(model: Path, cfg: Config, lib_dir: Path, args: argparse.Namespace) 
     if proc.returncode != 0:
         raise RuntimeError(f"{cfg.name}: the worker failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Sample(out["tok_s"], out["compute_mib"])
+    return Sample(out["tok_s"], out["compute_mib"], out["n_layer"])
 
 
 def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path | None,
@@ -118,20 +122,25 @@ def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path |
             print(f"onebit-bench: round {rnd + 1}/{args.rounds} {cfg.name}: "
                   f"{samples[cfg.name][-1].tok_s:.1f} tok/s", file=sys.stderr)
     off = statistics.median(s.tok_s for s in samples["patched off"])
+    off_mib = samples["patched off"][0].compute_mib
     rows = []
     for cfg in cfgs:
         toks = [s.tok_s for s in samples[cfg.name]]
         med = statistics.median(toks)
-        rows.append(Row(cfg.name, med, min(toks), max(toks), med / off, samples[cfg.name][0].compute_mib))
+        first = samples[cfg.name][0]
+        n_pred = len(parse_layers(cfg.env.get(ENV_LAYERS), first.n_layer)[0]) if ENV_MODE in cfg.env else 0
+        extra = (first.compute_mib - off_mib) / n_pred if n_pred else None
+        rows.append(Row(cfg.name, med, min(toks), max(toks), med / off, first.compute_mib, n_pred, extra))
     return rows
 
 
 def markdown(rows: Sequence[Row], header: str) -> str:
-    lines = [header, "", "| configuration | decode tok/s (median) | min | max | vs patched off | compute buffer MiB |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [header, "", "| configuration | decode tok/s (median) | min | max | vs patched off | compute buffer MiB "
+             "| layers predicted | extra MiB per predicted layer |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        extra = "-" if r.extra_mib_per_layer is None else f"{r.extra_mib_per_layer:.3f}"
         lines.append(f"| {r.name} | {r.median_tok_s:.1f} | {r.min_tok_s:.1f} | {r.max_tok_s:.1f} | "
-                     f"{r.ratio_to_off:.3f} | {r.compute_mib:.2f} |")
+                     f"{r.ratio_to_off:.3f} | {r.compute_mib:.2f} | {r.layers_predicted or '-'} | {extra} |")
     return "\n".join(lines)
 
 

@@ -48,6 +48,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--prompt", help="prompt text (needs a model with a tokenizer)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt text from a file")
     src.add_argument("--tokens", type=int, help="N ids of the built-in token stream (models without a tokenizer)")
+    p.add_argument("--bytes", action="store_true",
+                   help="feed the prompt's UTF-8 bytes as token ids (byte-level models without a tokenizer)")
     p.add_argument("--generate", type=int, default=32, help="greedy tokens decoded one by one after the prefill")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in token stream")
     p.add_argument("--ctx", type=int, default=512, help="context size")
@@ -68,6 +70,10 @@ def _prompt_tokens(args: argparse.Namespace, model: Model) -> list[int]:
     text = args.prompt_file.read_text() if args.prompt_file else args.prompt
     if text is None:
         return builtin_tokens(64, model.n_vocab, args.seed)
+    if args.bytes:
+        if model.n_vocab < 256:
+            raise ValueError(f"--bytes needs a vocabulary of at least 256 ids, the model has {model.n_vocab}")
+        return list(text.encode("utf-8"))
     return model.tokenize(text)
 
 
@@ -120,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, name) < (0 if name == "generate" else 1):
             print(f"onebit-trace: --{name} {getattr(args, name)} is out of range", file=sys.stderr)
             return EXIT_USAGE
+    if args.bytes and args.prompt is None and args.prompt_file is None:
+        print("onebit-trace: --bytes needs --prompt or --prompt-file", file=sys.stderr)
+        return EXIT_USAGE
     if args.tokens is not None and args.tokens < 1:
         print("onebit-trace: --tokens must be at least 1", file=sys.stderr)
         return EXIT_USAGE

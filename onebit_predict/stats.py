@@ -107,17 +107,34 @@ class TraceStats:
         return TraceStats(self.header, {l: c for l, c in self.layers.items() if l in keep}, self.issues)
 
 
-def _member(a: np.ndarray, b: np.ndarray, b_valid: np.ndarray | None = None) -> np.ndarray:
-    """``out[i, j]``: ``a[i, j]`` is among the (valid) entries of ``b[i]``."""
-    eq = a[:, :, None] == b[:, None, :]
-    if b_valid is not None:
-        eq &= b_valid[:, None, :]
-    return eq.any(axis=2)
+def _rank(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``out[i, j]``: the first ``c`` with ``b[i, c] == a[i, j]``, or ``b.shape[1]`` if none.
+
+    One ``(n, |a|)`` comparison per column of ``b``: an ``(n, |a|, |b|)`` broadcast reduced
+    over its short last axis costs several times more.
+    """
+    width = b.shape[1]
+    out = np.full(a.shape, width, dtype=np.int16 if width < 2**15 else np.int32)
+    for c in range(width - 1, -1, -1):
+        np.copyto(out, c, where=a == b[:, c : c + 1])
+    return out
+
+
+def _member(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``out[i, j]``: ``a[i, j]`` is among the entries of ``b[i]``."""
+    out = a == b[:, :1]
+    for c in range(1, b.shape[1]):
+        out |= a == b[:, c : c + 1]
+    return out
 
 
 def _has_dup(ids: np.ndarray) -> np.ndarray:
     s = np.sort(ids, axis=1)
     return (s[:, 1:] == s[:, :-1]).any(axis=1)
+
+
+_FIELDS = ("step", "seq_id", "pos", "layer", "n_read", "flags", "actual_ids", "actual_w", "pred_ids", "pred_logits")
+_KEYS = ("seq_id", "layer", "step", "pos")  # what is carried from chunk to chunk, with actual_ids
 
 
 _ISSUES = {  # control counters -> what they count, in report order
@@ -149,8 +166,8 @@ def _header_issues(h: TraceHeader) -> list[str]:
     return issues
 
 
-def _check(h: TraceHeader, rec: np.ndarray, found: Counter[str]) -> None:
-    """Count the control's findings in one chunk of records."""
+def _check(h: TraceHeader, rec: dict[str, np.ndarray], found: Counter[str], predictable: np.ndarray) -> None:
+    """Count the control's findings in one chunk (its fields as contiguous arrays)."""
     predicted = (rec["flags"] & TRACE_FLAG_PREDICTED) != 0
     a, p, n_read = rec["actual_ids"], rec["pred_ids"], rec["n_read"]
     pr, pl = p[predicted], rec["pred_logits"][predicted]
@@ -161,59 +178,69 @@ def _check(h: TraceHeader, rec: np.ndarray, found: Counter[str]) -> None:
     found["n_read_depth"] += int((n_read > h.depth).sum())
     found["unpredicted"] += int((~predicted & ((p != -1).any(axis=1) | (n_read != 0))).sum())
     found["pred_mode_off"] += int(predicted.sum()) if h.mode == MODE_OFF else 0
-    found["pred_mask"] += int((predicted & ~np.isin(rec["layer"], list(h.layer_mask))).sum())
+    found["pred_mask"] += int((predicted & ~predictable[rec["layer"]]).sum())
     found["pred_range"] += int(((pr < 0) | (pr >= h.n_expert)).any(axis=1).sum())
     found["pred_dup"] += int(_has_dup(pr).sum())
     found["pred_unranked"] += int((~(pl[:, 1:] <= pl[:, :-1]).all(axis=1) | np.isnan(pl[:, 0])).sum())
     found["pred_n_read"] += int((n_read[predicted] != n_read_rows(pl, h.margin, h.min_read)).sum())
 
 
-def _score(h: TraceHeader, rec: np.ndarray, last: np.ndarray, sums: dict[str, np.ndarray]) -> np.ndarray:
+def _score(h: TraceHeader, rec: dict[str, np.ndarray], last: dict[str, np.ndarray],
+           sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Add one chunk's scored rows to ``sums``; return the new last record of each (seq, layer).
 
-    ``last`` holds the previous chunks' last record of each (seq_id, layer); it is sorted in
-    with the chunk so that a row's previous token is simply the row before it.
+    ``last`` holds the keys and actual ids of the previous chunks' last record of each
+    (seq_id, layer); the keys are sorted together with the chunk's so that a row's previous
+    token is simply the row before it. Only keys are sorted and only the fields a metric
+    needs are gathered, never whole records.
     """
 
     def add(name: str, layer: np.ndarray, values: np.ndarray | None = None) -> None:
         sums[name] += np.bincount(layer, weights=values, minlength=h.n_layer)
 
     add("records", rec["layer"])
-    both = np.concatenate([last, rec])
-    order = np.lexsort((both["pos"], both["step"], both["layer"], both["seq_id"]))
-    s = both[order]
-    is_new = order >= len(last)
-    same = (s["seq_id"][1:] == s["seq_id"][:-1]) & (s["layer"][1:] == s["layer"][:-1])
-    follows = same & (s["pos"][1:].astype(np.int64) == s["pos"][:-1].astype(np.int64) + 1)
-    scored = np.zeros(len(s), dtype=bool)
-    scored[1:] = follows
-    scored &= is_new & ((s["flags"] & TRACE_FLAG_DECODE) != 0) & (s["layer"] != 0)
-    rows, prev = s[scored], s["actual_ids"][np.flatnonzero(scored) - 1]
+    n_last = len(last["layer"])
+    key = {k: np.concatenate([last[k], rec[k]]) for k in _KEYS}
+    actual = np.concatenate([last["actual_ids"], rec["actual_ids"]])
+    order = np.lexsort((key["pos"], key["step"], key["layer"], key["seq_id"]))
+    s_seq, s_layer, s_pos = key["seq_id"][order], key["layer"][order], key["pos"][order]
+    same = (s_seq[1:] == s_seq[:-1]) & (s_layer[1:] == s_layer[:-1])
+    follows = same & (s_pos[1:].astype(np.int64) == s_pos[:-1].astype(np.int64) + 1)
+    at = np.flatnonzero(follows) + 1  # sorted positions whose previous token is the row before
+    row = order[at] - n_last  # their index in the chunk; < 0: a carried record, scored already
+    ok = row >= 0
+    at, row = at[ok], row[ok]
+    ok = ((rec["flags"][row] & TRACE_FLAG_DECODE) != 0) & (rec["layer"][row] != 0)
+    at, row = at[ok], row[ok]
+    layer, a, flags = rec["layer"][row], rec["actual_ids"][row], rec["flags"][row]
 
-    add("base_tokens", rows["layer"])
-    add("base_actual", rows["layer"], np.full(len(rows), h.n_expert_used))
-    add("base_hits", rows["layer"], _member(rows["actual_ids"], prev).sum(axis=1))
+    add("base_tokens", layer)
+    add("base_actual", layer, np.full(len(row), h.n_expert_used))
+    add("base_hits", layer, _member(a, actual[order[at - 1]]).sum(axis=1))
 
-    pr = rows[(rows["flags"] & TRACE_FLAG_PREDICTED) != 0]
-    layer, a, p = pr["layer"], pr["actual_ids"], pr["pred_ids"]
-    w = pr["actual_w"].astype(np.float64)
-    n_read = np.minimum(pr["n_read"], h.depth)
+    pred = (flags & TRACE_FLAG_PREDICTED) != 0
+    row, layer, a = row[pred], layer[pred], a[pred]
+    p = rec["pred_ids"][row]
+    w = rec["actual_w"][row].astype(np.float64)
+    n_read = np.minimum(rec["n_read"][row], h.depth)
     k = min(h.n_expert_used, h.depth)
-    in_top_k = _member(a, p[:, :k])
-    in_read = _member(a, p, np.arange(h.depth) < n_read[:, None])
+    rank = _rank(a, p)  # where each actual id is in P; depth when it is not
+    in_top_k = rank < k
+    in_read = rank < n_read[:, None]
     add("tokens", layer)
-    add("actual", layer, np.full(len(pr), h.n_expert_used))
+    add("actual", layer, np.full(len(row), h.n_expert_used))
     add("hits_used", layer, in_top_k.sum(axis=1))
-    add("hits_depth", layer, _member(a, p).sum(axis=1))
+    add("hits_depth", layer, (rank < h.depth).sum(axis=1))
     add("hits_read", layer, in_read.sum(axis=1))
     add("read", layer, n_read)
     add("gated", layer, h.depth - n_read)
     add("exact", layer, in_top_k.all(axis=1) & _member(p[:, :k], a).all(axis=1))
     add("mass_hit", layer, (w * in_read).sum(axis=1))
     add("mass", layer, w.sum(axis=1))
-    is_last = np.ones(len(s), dtype=bool)
+    is_last = np.ones(len(order), dtype=bool)
     is_last[:-1] = ~same
-    return s[is_last]
+    keep = order[is_last]
+    return {**{k: key[k][keep] for k in _KEYS}, "actual_ids": actual[keep]}
 
 
 def compute_stats(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS) -> TraceStats:
@@ -222,10 +249,17 @@ def compute_stats(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS) ->
     names = [f.name for f in fields(LayerCounts)]
     sums = {name: np.zeros(h.n_layer) for name in names}
     found: Counter[str] = Counter()
-    last = np.empty(0, dtype=h.dtype)
+    predictable = np.zeros(1 << 16, dtype=bool)  # by layer (u16): in the header's layer mask
+    predictable[sorted(h.layer_mask)] = True
+    last = {k: np.empty(0, dtype=h.dtype[k]) for k in _KEYS}
+    last["actual_ids"] = np.empty((0, h.n_expert_used), dtype=np.int32)
     for chunk in trace.iter_chunks(records_per_chunk):
-        _check(h, chunk, found)
-        last = _score(h, chunk[chunk["layer"] < h.n_layer], last, sums)
+        rec = {name: np.ascontiguousarray(chunk[name]) for name in _FIELDS}  # one copy, then fast passes
+        _check(h, rec, found, predictable)
+        inside = rec["layer"] < h.n_layer
+        if not inside.all():
+            rec = {name: v[inside] for name, v in rec.items()}
+        last = _score(h, rec, last, sums)
     shown = sorted({int(l) for l in np.flatnonzero(sums["records"])} | {l for l in h.layer_mask if l < h.n_layer})
     layers = {
         l: LayerCounts(**{n: float(sums[n][l]) if n.startswith("mass") else int(round(sums[n][l])) for n in names})

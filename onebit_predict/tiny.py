@@ -16,7 +16,7 @@ from pathlib import Path
 from .constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from .paths import NotBuiltError, build_info
 
-TINY_ARCHS = ("qwen3moe", "olmoe", "qwen3next", "qwen35moe")
+TINY_ARCHS = ("qwen3moe", "olmoe", "qwen3next", "qwen35moe", "qwen4exp")
 TINY_TOOL = "onebit-tiny-gguf"
 
 

@@ -278,11 +278,21 @@ class Trace:
         return len(self.records)
 
     def iter_chunks(self, records_per_chunk: int = TRACE_CHUNK_RECORDS) -> Iterator[np.ndarray]:
-        """Yield the records in order as consecutive slices of at most ``records_per_chunk``."""
+        """Yield the records in order as consecutive arrays of at most ``records_per_chunk``.
+
+        Each chunk is read into a fresh array with plain reads, not sliced from the memmap:
+        pages of a mapping stay resident in the process once touched, so a pass over the
+        memmap grows the RSS to the size of the trace; a read keeps it to one chunk.
+        """
         if records_per_chunk < 1:
             raise ValueError(f"records_per_chunk must be >= 1, not {records_per_chunk}")
-        for start in range(0, self.n_records, records_per_chunk):
-            yield self.records[start : start + records_per_chunk]
+        with self.path.open("rb") as f:
+            f.seek(self.header.header_size)
+            for start in range(0, self.n_records, records_per_chunk):
+                chunk = np.empty(min(records_per_chunk, self.n_records - start), dtype=self.header.dtype)
+                if f.readinto(chunk.view(np.uint8)) != chunk.nbytes:
+                    raise TraceError(f"{self.path}: the trace got shorter while it was read")
+                yield chunk
 
     def actual(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Rows ``start:stop``: actual ids ``(n, n_expert_used)`` i32 and their weights f32."""

@@ -89,3 +89,23 @@ def test_prediction_problem_requires_every_row(tmp_path):
     assert "layer 2: 0 predicted" in prediction_problem(partial, 5)[1]
     none = _trace(tmp_path / "none.bin", 5, set())
     assert "layer 1: 0 predicted" in prediction_problem(none, 5)[1]
+
+
+@pytest.mark.parametrize("layer, mixer", [(2, "DeltaNet"), (3, "attention")])
+def test_leak_caught_for_each_mixer(layer, mixer, tiny_model):
+    """qwen3next alternates DeltaNet (layers 0, 2) and attention (1, 3): predicting one layer at a
+    time, block is identical to off and its leaky twin is not, whichever mixer it runs."""
+    from onebit_predict.runner import Context, ContextSettings, Model
+
+    def logits(env):
+        with Model(tiny_model("qwen3next")) as m, Context(m, ContextSettings(n_ubatch=8), env) as ctx:
+            toks = np.random.default_rng(1).integers(0, m.n_vocab, size=40).tolist()
+            rows = ctx.decode(toks[:24], range(24), [0] * 24, [True] * 24)
+            for i in range(16):
+                rows += ctx.decode([toks[24 + i]], [24 + i], [0], [True])
+            return rows
+
+    base = {"ONEBIT_MOE_PREDICT": "block", "ONEBIT_MOE_PREDICT_LAYERS": str(layer)}
+    off = logits({})
+    assert logits(base) == off
+    assert logits(base | {"ONEBIT_MOE_PREDICT_DEBUG_LEAK": "1"}) != off, mixer

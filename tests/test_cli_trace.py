@@ -96,5 +96,5 @@ def test_tiny_is_deterministic_and_checked(tmp_path, capsys):
     assert a.read_bytes() == b.read_bytes() != c.read_bytes()
     assert tiny.main(["--arch", "olmoe", "--out", str(tmp_path / "d.gguf"), "--seed", "-1"]) == EXIT_USAGE
     with pytest.raises(SystemExit):
-        tiny.main(["--arch", "qwen4exp", "--out", str(tmp_path / "e.gguf")])
+        tiny.main(["--arch", "llama", "--out", str(tmp_path / "e.gguf")])
     assert "seed" in capsys.readouterr().err

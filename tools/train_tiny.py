@@ -136,6 +136,24 @@ def build_config(arch: str, ctx: int):
             num_attention_heads=4, num_key_value_heads=4,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
             num_experts=16, num_experts_per_tok=2, norm_topk_prob=False, **common)
+    if arch == "qwen4exp":
+        # 8 layers: Gated DeltaNet on 3 of 4, QSA-indexed full attention on layers 3 and 7;
+        # 4 hyper-connection streams; PLE (hashed 2- and 3-gram embeddings) on layer 2 (1-based), a
+        # DeltaNet layer; a shared expert next to the 16 routed ones
+        return tf.Qwen4ExpTextConfig(
+            hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                             "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+            linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            linear_num_key_heads=2, linear_num_value_heads=4,
+            moe_intermediate_size=64, shared_expert_intermediate_size=64,
+            num_experts=16, num_experts_per_tok=2, norm_topk_prob=True,
+            layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(8)],
+            hc_count=4, hc_lowrank=32,
+            ple_layer_ids=[2], ple_embed_dim=64, ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=2,
+            ngram_vocab_size_base=1009, make_ngram_vocab_size_divisible_by=16, split_ngram_parts=1, seed=1234,
+            indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=64, indexer_compress_ratio=4,
+            **common)
     raise SystemExit(f"train_tiny: unknown --arch {arch}")
 
 
@@ -197,6 +215,28 @@ def expert_usage(model, windows, top_k: int) -> list[list[int]]:
     return [c.tolist() for c in counts]
 
 
+def balance_loss(router_logits, top_k: int):
+    """Switch-Transformer load-balancing loss, per MoE layer, averaged over the layers.
+
+    transformers' own ``load_balancing_loss_func`` pools the tokens of all layers, which
+    lets single layers collapse onto a few experts; this one balances every layer. 1.0 is
+    perfectly balanced.
+    """
+    import torch
+
+    losses = []
+    for r in router_logits:
+        if r is None:
+            continue
+        r = r.reshape(-1, r.shape[-1]).float()
+        probs = torch.softmax(r, dim=-1)
+        n_exp = r.shape[-1]
+        sel = torch.topk(r, top_k, dim=-1).indices
+        frac = torch.zeros(n_exp).index_add_(0, sel.reshape(-1), torch.ones(sel.numel())) / sel.numel()
+        losses.append(n_exp * torch.sum(frac * probs.mean(0)))
+    return torch.stack(losses).mean()
+
+
 def train(args) -> dict:
     import torch
 
@@ -206,6 +246,11 @@ def train(args) -> dict:
           f"({len(corpus['train'])} tokens), {corpus['n_files']['val']} validation files "
           f"({len(corpus['val'])} tokens), fingerprint {corpus['fingerprint'][:16]}", flush=True)
     model = build_model(args.arch, args.ctx)
+    if hasattr(model, "set_experts_implementation"):
+        try:  # same result as the default per-expert loop, faster on CPU
+            model.set_experts_implementation("grouped_mm")
+        except Exception as exc:  # noqa: BLE001 - keep the default
+            print(f"grouped_mm experts unavailable ({exc}); using the default", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.arch}, {n_params} parameters", flush=True)
     vwin = val_windows(corpus["val"], args.ctx, args.val_windows)
@@ -236,22 +281,22 @@ def train(args) -> dict:
         x = torch.stack([train_stream[s:s + args.ctx + 1] for s in starts.tolist()]).long()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        out = model(input_ids=x[:, :-1], labels=x[:, :-1].clone(), output_router_logits=True)
-        # transformers shifts labels itself: labels = inputs, loss on predicting token t+1
-        loss = out.loss
+        out = model(input_ids=x[:, :-1], output_router_logits=True)
+        lm = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), x[:, 1:].reshape(-1))
+        aux = balance_loss(out.router_logits, model.config.num_experts_per_tok)
+        loss = lm + args.aux_coef * aux
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        lm = (loss - (out.aux_loss * model.config.router_aux_loss_coef if out.aux_loss is not None else 0)).item()
-        run_loss += lm
+        run_loss += lm.item()
         run_n += 1
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             v = evaluate(model, vwin)
             tr = run_loss / run_n
             run_loss, run_n = 0.0, 0
             curve.append({"step": step + 1, "train": tr, "val": v})
-            print(f"step {step + 1}: train {tr:.4f} val {v:.4f} aux {out.aux_loss.item():.3f} "
+            print(f"step {step + 1}: train {tr:.4f} val {v:.4f} aux {aux.item():.3f} "
                   f"lr {lr_at(step):.2e} ({time.time() - t0:.0f} s)", flush=True)
     train_seconds = time.time() - t0
 
@@ -340,6 +385,8 @@ def hf_logits(hf_dir: Path, seqs: list[list[int]]):
     import transformers as tf
 
     model = tf.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")  # the reference: transformers' plain per-expert loop
     model.eval()
     with torch.no_grad():
         return model(input_ids=torch.tensor(seqs), output_router_logits=False).logits.float().numpy()
@@ -381,10 +428,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--ctx", type=int, default=256)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--val-windows", type=int, default=64)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--lr", type=float, default=4e-3)
+    p.add_argument("--aux-coef", type=float, default=0.01, help="per-layer load-balancing loss weight")
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--val-windows", type=int, default=32)
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (1: deterministic, and OpenMP spin-waits waste CPU on a busy machine)")
     p.add_argument("--outtype", default="f16", choices=["f16", "f32"])
     p.add_argument("--check", type=Path, metavar="GGUF", help="compare GGUF (llama.cpp) with its --hf-dir (transformers)")
     args = p.parse_args(argv)
@@ -403,6 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401
 
     model.config.output_router_logits = False
+    if hasattr(model, "set_experts_implementation"):
+        model.set_experts_implementation("eager")
     model.half().save_pretrained(hf_dir, safe_serialization=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     convert(hf_dir, args.out, args.outtype, f"onebit-tiny-{args.arch}")

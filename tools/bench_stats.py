@@ -1,0 +1,606 @@
+#!/usr/bin/env python3
+"""Benchmark ``onebit-stats`` on a synthetic P/A trace against a plain numpy pass over the same file.
+
+What it measures (issue 5, "Performance"): the wall time and the peak memory of
+
+(a) ``python -m onebit_predict.cli_stats TRACE --json > /dev/null`` -- the real command, and
+(b) a plain numpy pass over the same file: ``np.memmap`` of the record dtype, iterated in
+    the chunk size onebit-stats uses (``TRACE_CHUNK_RECORDS``), summing every field the
+    stats touch (step, seq_id, pos, layer, n_read, flags, actual ids and weights, predicted
+    ids and logits). That is what "reading the file at all" costs in numpy.
+
+Each measurement runs in its own fresh process, (a) and (b) alternating in order round by
+round (``--rounds``, default 3), in the same run, so drift on the machine spreads over both.
+The result is the median wall time of each, their ratio (a)/(b), and the peak RSS of each.
+Goals: ratio <= 3 and onebit-stats' peak RSS < 512 MiB, whatever the trace size.
+
+How:
+
+- each measurement is a fresh, tiny launcher process (``python -I -S -c LAUNCHER_SRC``, no
+  numpy) that forks and execs the command, its stdout to /dev/null, waits for it and prints
+  what it measured as JSON.
+- wall time: ``time.perf_counter`` in the launcher around fork and exit, so interpreter
+  start-up and the numpy import are in both numbers; CPU time (user + system) comes along.
+- peak RSS: ``resource.getrusage(RUSAGE_CHILDREN).ru_maxrss`` in the launcher, which has
+  exactly one child, so it is that command's own peak. Two traps this avoids: in this
+  script, ``RUSAGE_CHILDREN`` is the maximum over *every* child waited for so far, so it
+  cannot give a per-measurement peak after the first; and Linux carries the forking
+  process's RSS over fork + exec into the child's ``ru_maxrss`` (``exec_mmap`` records the
+  old mm's high-water mark), so a command spawned straight from this script (numpy, the
+  trace generator: ~75 MiB) would report at least that (the launcher's own ``ru_maxrss``
+  does, as CPython spawns it with vfork). The launcher's RSS when it forks (its
+  ``VmRSS``, a few MiB) is the floor of the command's number and is reported. (``/usr/bin/time -v`` would do the same
+  from a small C process, but is not installed everywhere and prints text to parse.)
+  ``ru_maxrss`` counts every resident page of the process, file-backed ones included:
+  pages of a memory-mapped trace that were touched count. To tell those apart, the
+  launcher also samples ``/proc/PID/status`` every 10 ms (Linux only) and reports the peak
+  ``RssAnon`` (heap: numpy arrays, Python objects) and ``RssFile`` (mapped file pages, the
+  shared libraries included) it saw; being sampled, those two can miss a short spike. The
+  goal is judged on ``ru_maxrss``.
+- the page cache: dropping it needs root, so it is not dropped. Both passes read the same
+  file after it was written (or, with ``--keep``, after a warm-up read of the whole file),
+  so both read from the page cache: the numbers are CPU and memory costs, not disk speed.
+
+The synthetic trace follows docs/trace-format.md: a header like a Qwen3-30B-A3B-sized run
+(n_layer 48, n_expert 128, n_expert_used 8, depth 16, mode router, no margin gate,
+min_read 8, layers 1..47 predicted), then whole ubatches ("steps") of a llama-server-like
+schedule: 4 sequence slots (seq ids 0..3, reused when a sequence ends and a new prompt
+starts at pos 0), each prompt prefilled in one ubatch together with the other slots' decode
+rows, every MoE layer layer-major per step, the last layer only for output rows (decode
+rows and each prompt's last row). DECODE on decode rows; PREDICTED on layers >= 1; actual
+ids distinct per row (a window of 8 in a per-layer permutation of the 128 experts, drifting
+from token to token so the previous-token baseline is ~40%); predicted ids distinct, near
+the actual window (most rows hit most experts), logits strictly descending; n_read is the
+margin gate recomputed from the logits (no gate: depth). Written in chunks with a seeded
+numpy RNG (``--seed``), never holding more than one chunk (~14 MiB) of records; the same
+seed and size give the same bytes. The file holds whole steps and is at most ``--size-mib``.
+
+    python tools/bench_stats.py                        # 1 GiB, 3 rounds, temp dir, deleted after
+    python tools/bench_stats.py --size-mib 64 --rounds 5 --json
+    python tools/bench_stats.py --trace /tmp/t.trace --keep   # reused next time if the size matches
+
+Exit codes: 0 the goals hold; 1 a goal is missed (or a measured command failed), the reason
+printed; 2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from onebit_predict.constants import (
+    EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, MODE_ROUTER, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE,
+    TRACE_FLAG_PREDICTED, TRACE_HEADER_SIZE,
+)
+from onebit_predict.policy import n_read_rows
+from onebit_predict.trace import TraceHeader
+
+MIB = 1 << 20
+GOAL_RATIO = 3.0
+GOAL_PEAK_MIB = 512.0
+
+# --- the synthetic trace -----------------------------------------------------------------
+
+N_LAYER, N_EXPERT, N_USED, DEPTH = 48, 128, 8, 16
+MARGIN = math.inf  # no gate: n_read = depth on every predicted row
+N_SLOTS = 4  # sequences decoding concurrently (llama-server slots; seq_id = slot)
+PROMPT = (16, 129)  # prompt length range [lo, hi); lo >= 2, or a 1-token prompt row would be DECODE
+GENERATE = (200, 2001)  # tokens generated per sequence [lo, hi)
+DRIFT = 10  # the actual window moves by -DRIFT..DRIFT from one token to the next (per layer)
+PRED_OFFSETS = np.array([0, 1, 2, 3, 4, 5, 6, 7, -1, 8, -2, 9, -3, 10, -4, 11])  # rank -> window slot
+PRED_SHIFT = np.arange(-8, 9)  # how far the predicted window sits from the actual one
+PRED_SHIFT_P = np.exp(-np.abs(PRED_SHIFT) / 2.0) / np.exp(-np.abs(PRED_SHIFT) / 2.0).sum()
+PRED_MISS = 0.03  # rows whose prediction is somewhere else entirely
+MIN_STEPS = 10  # the smallest trace: the first ubatch (4 prompts) alone is ~3 MiB
+WRITE_CHUNK = 1 << 16  # records generated and written at once (~14 MiB)
+assert len(PRED_OFFSETS) == DEPTH and len(set(PRED_OFFSETS.tolist())) == DEPTH
+
+
+def synth_header(seed: int) -> TraceHeader:
+    return TraceHeader.build(
+        n_layer=N_LAYER, n_expert=N_EXPERT, n_expert_used=N_USED, depth=DEPTH, mode=MODE_ROUTER,
+        margin=MARGIN, arch="qwen3moe", model=f"onebit bench_stats synthetic trace (seed {seed})",
+    )
+
+
+@dataclass
+class Step:
+    """One ubatch: its rows in ubatch order."""
+
+    seq_id: np.ndarray  # i4 per row
+    pos: np.ndarray  # i4 per row
+    decode: np.ndarray  # bool per row: the row's sequence has exactly one token in the ubatch
+    output: np.ndarray  # bool per row: the row produces logits (has a record on the last layer)
+    prompt_slots: list[int] = field(default_factory=list)  # slots starting a new prompt here
+
+    @property
+    def n_records(self) -> int:
+        return len(self.pos) * (N_LAYER - 1) + int(self.output.sum())
+
+
+def iter_steps(seed: int) -> Iterator[Step]:
+    """The schedule (no content): endless ubatches of N_SLOTS sequences, like llama-server.
+
+    A slot prefills its prompt in one ubatch (rows pos 0..P-1, not DECODE, only the last one
+    an output), then decodes one token per ubatch (DECODE, output) for a random length, then
+    starts a new prompt under the same seq_id. Decode rows come first in slot order, then
+    the prompts, so row order is not sequence order.
+    """
+    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])
+    pos = [0] * N_SLOTS
+    left = [0] * N_SLOTS  # decode tokens still to generate; 0: the slot starts a new prompt
+    while True:
+        seq, p, dec, out = [], [], [], []
+        prompts = [s for s in range(N_SLOTS) if left[s] == 0]  # a sequence is never in both lists
+        for s in range(N_SLOTS):
+            if left[s] > 0:
+                seq.append(s), p.append(pos[s]), dec.append(True), out.append(True)
+                pos[s] += 1
+                left[s] -= 1
+        for s in prompts:
+                n = int(rng.integers(*PROMPT))
+                seq += [s] * n
+                p += range(n)
+                dec += [False] * n
+                out += [False] * (n - 1) + [True]
+                pos[s], left[s] = n, int(rng.integers(*GENERATE))
+        yield Step(np.array(seq, np.int32), np.array(p, np.int32), np.array(dec), np.array(out), prompts)
+
+
+def plan(size_bytes: int, seed: int) -> tuple[int, int]:
+    """(steps, records) of the trace: whole steps while the file stays within ``size_bytes``."""
+    budget = (size_bytes - TRACE_HEADER_SIZE) // (20 + 8 * N_USED + 8 * DEPTH)
+    steps = records = 0
+    for st in iter_steps(seed):
+        if records + st.n_records > budget:
+            return steps, records
+        steps, records = steps + 1, records + st.n_records
+
+
+def expected_size(size_bytes: int, seed: int) -> int:
+    return TRACE_HEADER_SIZE + plan(size_bytes, seed)[1] * synth_header(seed).record_size
+
+
+class _Content:
+    """The record contents, from a second RNG stream: per-layer expert permutations and, per
+    (slot, layer), the offset of the actual window, drifting from token to token."""
+
+    def __init__(self, seed: int, header: TraceHeader) -> None:
+        self.h = header
+        self.rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
+        self.perm = np.stack([self.rng.permutation(N_EXPERT) for _ in range(N_LAYER)]).astype(np.int32)
+        self.offset = np.zeros((N_SLOTS, N_LAYER), np.int64)
+        self.predicted = np.zeros(N_LAYER, bool)
+        self.predicted[sorted(header.layer_mask)] = True
+
+    def step_meta(self, step_no: int, st: Step) -> dict[str, np.ndarray]:
+        """Per record of one step, layer-major: seq_id, pos, layer, decode, window offset."""
+        rng = self.rng
+        win = np.empty((len(st.pos), N_LAYER), np.int64)  # window offset of each (row, layer)
+        for s in range(N_SLOTS):
+            rows = np.flatnonzero(st.seq_id == s)
+            if not len(rows):
+                continue
+            drift = rng.integers(-DRIFT, DRIFT + 1, size=(len(rows), N_LAYER))
+            if s in st.prompt_slots:  # a new sequence: a fresh start, then drift along the prompt
+                drift[0] = rng.integers(0, N_EXPERT, size=N_LAYER) - self.offset[s]
+            win[rows] = self.offset[s] + np.cumsum(drift, axis=0)
+            self.offset[s] = win[rows[-1]] % N_EXPERT
+        n_rows = len(st.pos)
+        layer = np.repeat(np.arange(N_LAYER, dtype=np.int64), n_rows)
+        row = np.tile(np.arange(n_rows), N_LAYER)
+        keep = (layer < N_LAYER - 1) | st.output[row]
+        layer, row = layer[keep], row[keep]
+        return {
+            "step": np.full(len(row), step_no, np.int64), "seq_id": st.seq_id[row], "pos": st.pos[row],
+            "layer": layer, "decode": st.decode[row], "win": win[row, layer] % N_EXPERT,
+        }
+
+    def records(self, meta: dict[str, np.ndarray]) -> np.ndarray:
+        """The records of ``meta`` (concatenated step_meta), in the header's dtype."""
+        h, rng = self.h, self.rng
+        n, layer, win = len(meta["layer"]), meta["layer"], meta["win"]
+        rec = np.zeros(n, dtype=h.dtype)
+        for name in ("step", "seq_id", "pos", "layer"):
+            rec[name] = meta[name]
+        # actual: the window of N_USED slots at `win` in the layer's permutation, rotated (graph order)
+        rot = rng.integers(0, N_USED, size=n)
+        slots = (win[:, None] + (np.arange(N_USED)[None, :] + rot[:, None]) % N_USED) % N_EXPERT
+        rec["actual_ids"] = self.perm[layer[:, None], slots]
+        w = -np.sort(-rng.exponential(size=(n, N_USED)), axis=1)  # descending, normalised
+        rec["actual_w"] = w / w.sum(axis=1, keepdims=True)
+        # prediction: DEPTH distinct slots around a window shifted from the actual one
+        pred = self.predicted[layer]
+        m = int(pred.sum())
+        shift = rng.choice(PRED_SHIFT, size=m, p=PRED_SHIFT_P) + np.where(rng.random(m) < PRED_MISS, N_EXPERT // 2, 0)
+        pslots = (win[pred][:, None] + shift[:, None] + PRED_OFFSETS[None, :]) % N_EXPERT
+        gaps = 0.01 + rng.exponential(0.25, size=(m, DEPTH - 1))  # >= 0.01: strictly descending in binary32
+        logits = (rng.normal(2.0, 1.0, size=(m, 1)) - np.concatenate([np.zeros((m, 1)), np.cumsum(gaps, axis=1)], axis=1))
+        logits = logits.astype(np.float32)
+        assert (np.diff(logits, axis=1) < 0).all()
+        rec["pred_ids"] = -1
+        rec["pred_logits"] = np.nan
+        rec["pred_ids"][pred] = self.perm[layer[pred][:, None], pslots]
+        rec["pred_logits"][pred] = logits
+        rec["n_read"][pred] = n_read_rows(logits, h.margin, h.min_read)
+        rec["flags"] = np.where(meta["decode"], TRACE_FLAG_DECODE, 0) | np.where(pred, TRACE_FLAG_PREDICTED, 0)
+        return rec
+
+
+def write_trace(path: str | Path, size_bytes: int, seed: int = 0) -> tuple[int, int]:
+    """Write the synthetic trace (at most ``size_bytes``) in chunks; return (steps, records)."""
+    header = synth_header(seed)
+    n_steps, n_records = plan(size_bytes, seed)
+    content = _Content(seed, header)
+    pending: list[dict[str, np.ndarray]] = []
+    n_pending = written = 0
+
+    def flush(f) -> int:
+        meta = {k: np.concatenate([m[k] for m in pending]) for k in pending[0]}
+        pending.clear()
+        content.records(meta).tofile(f)
+        return len(meta["layer"])
+
+    with Path(path).open("wb") as f:
+        f.write(header.to_bytes())
+        for step_no, st in zip(range(n_steps), iter_steps(seed)):
+            pending.append(content.step_meta(step_no, st))
+            n_pending += len(pending[-1]["layer"])
+            if n_pending >= WRITE_CHUNK:
+                written += flush(f)
+                n_pending = 0
+        if pending:
+            written += flush(f)
+    assert written == n_records
+    return n_steps, n_records
+
+
+# --- the measurements --------------------------------------------------------------------
+
+# (b): a plain numpy pass, standalone (no onebit_predict import): argv = TRACE CHUNK_RECORDS
+BASELINE_SRC = r"""
+import sys
+import numpy as np
+path, chunk = sys.argv[1], int(sys.argv[2])
+h = np.fromfile(path, dtype="<u4", count=13)
+hs, rs, used, depth = int(h[3]), int(h[4]), int(h[7]), int(h[8])
+dt = np.dtype([("step", "<u4"), ("seq_id", "<i4"), ("pos", "<i4"), ("layer", "<u2"), ("n_read", "<u2"),
+               ("flags", "<u2"), ("reserved", "<u2"), ("actual_ids", "<i4", (used,)), ("actual_w", "<f4", (used,)),
+               ("pred_ids", "<i4", (depth,)), ("pred_logits", "<f4", (depth,))])
+assert dt.itemsize == rs
+n = (np.memmap(path, dtype=np.uint8, mode="r").size - hs) // rs
+rec = np.memmap(path, dtype=dt, mode="r", offset=hs, shape=(n,))
+ints = ("step", "seq_id", "pos", "layer", "n_read", "flags", "actual_ids", "pred_ids")
+isum, fsum = 0, 0.0
+for start in range(0, n, chunk):
+    c = rec[start : start + chunk]
+    for name in ints:
+        isum += int(c[name].sum(dtype=np.int64))
+    fsum += float(c["actual_w"].sum(dtype=np.float64)) + float(np.nansum(c["pred_logits"], dtype=np.float64))
+print(n, isum, fsum)
+"""
+
+
+# Runs one measured command and reports it (JSON on stdout): a fresh, small process per
+# measurement, so that its RUSAGE_CHILDREN covers exactly that one command, and so that the
+# RSS the kernel carries over fork + exec into the child's ru_maxrss (the forking process's
+# own) is the launcher's few MiB, not this script's. argv = the command; its stdout -> /dev/null.
+LAUNCHER_SRC = r"""
+import json, os, resource, sys, threading, time
+cmd, peaks, done = sys.argv[1:], {}, threading.Event()
+def sample(pid):
+    path = "/proc/%d/status" % pid
+    while not done.is_set():
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError:
+            return
+        for line in text.splitlines():
+            key, _, value = line.partition(":")
+            if key in ("RssAnon", "RssFile"):
+                peaks[key] = max(peaks.get(key, 0), int(value.split()[0]))
+        done.wait(0.01)
+floor = None  # VmRSS now: what a real fork's child starts with (this launcher's own ru_maxrss
+try:          # holds the RSS of whoever spawned it, through vfork + exec)
+    with open("/proc/self/status") as f:
+        floor = next(int(l.split()[1]) for l in f if l.startswith("VmRSS:"))
+except (OSError, StopIteration):
+    pass
+t0 = time.perf_counter()
+pid = os.fork()
+if pid == 0:
+    try:
+        fd = os.open(os.devnull, os.O_RDWR)
+        os.dup2(fd, 0)
+        os.dup2(fd, 1)
+        os.execv(cmd[0], cmd)
+    finally:
+        os._exit(127)
+sampler = threading.Thread(target=sample, args=(pid,), daemon=True)
+sampler.start()
+_, status = os.waitpid(pid, 0)
+wall = time.perf_counter() - t0
+done.set()
+sampler.join()
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(json.dumps({"rc": os.waitstatus_to_exitcode(status), "wall_s": wall, "maxrss": usage.ru_maxrss,
+                  "launcher_rss_kb": floor, "anon_kb": peaks.get("RssAnon"), "file_kb": peaks.get("RssFile"),
+                  "user_s": usage.ru_utime, "sys_s": usage.ru_stime}))
+"""
+
+
+@dataclass
+class Measurement:
+    wall_s: float
+    maxrss_mib: float  # ru_maxrss of the command (RUSAGE_CHILDREN of its launcher)
+    launcher_mib: float | None  # the launcher's RSS when it forks: the floor of maxrss_mib
+    cpu_s: float  # user + system CPU time of the command
+    anon_mib: float | None  # peak RssAnon sampled from /proc (None where not available)
+    file_mib: float | None  # peak RssFile sampled from /proc
+
+
+def measure(cmd: Sequence[str]) -> Measurement:
+    """Run ``cmd`` (stdout to /dev/null) in a fresh launcher; raise RuntimeError if it fails."""
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.run([sys.executable, "-I", "-S", "-c", LAUNCHER_SRC, *cmd],
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, check=False)
+        err.seek(0)
+        tail = err.read().decode(errors="replace")[-2000:]
+    try:
+        r = json.loads(p.stdout)
+    except ValueError:
+        raise RuntimeError(f"the launcher failed (exit {p.returncode}):\n{tail}") from None
+    if r["rc"] != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {r['rc']}:\n{tail}")
+    unit = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return Measurement(
+        wall_s=r["wall_s"],
+        maxrss_mib=r["maxrss"] * unit / MIB,
+        launcher_mib=None if r["launcher_rss_kb"] is None else r["launcher_rss_kb"] / 1024,
+        cpu_s=r["user_s"] + r["sys_s"],
+        anon_mib=None if r["anon_kb"] is None else r["anon_kb"] / 1024,
+        file_mib=None if r["file_kb"] is None else r["file_kb"] / 1024,
+    )
+
+
+def _warm(path: Path) -> None:
+    """Read the whole file once so that both passes find it in the page cache."""
+    buf = bytearray(8 * MIB)
+    with path.open("rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
+
+
+def machine() -> dict[str, object]:
+    cpu = platform.processor() or "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = round(int(line.split()[1]) / MIB, 1)  # kB -> GiB
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "cpu": cpu, "mem_total_gib": mem, "python": platform.python_version(),
+            "numpy": np.__version__, "platform": platform.platform()}
+
+
+def _loadavg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+# --- the command -------------------------------------------------------------------------
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench_stats.py", description=__doc__.splitlines()[0],
+        epilog="exit codes: 0 goals hold, 1 a goal missed or a measured command failed, 2 usage error",
+    )
+    p.add_argument("--size-mib", type=float, default=1024.0, help="synthetic trace size in MiB (default 1024)")
+    p.add_argument("--trace", type=Path, help="trace path (default: a temporary directory)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the trace afterwards, and reuse an existing one whose size (and seed) match")
+    p.add_argument("--rounds", type=int, default=3, help="rounds, each measuring both passes (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="RNG seed of the synthetic trace (default 0)")
+    p.add_argument("--json", action="store_true", help="write the report as JSON to stdout instead of Markdown")
+    return p
+
+
+def _row(name: str, cmd: list[str], ms: list[Measurement]) -> dict[str, object]:
+    anon = [m.anon_mib for m in ms if m.anon_mib is not None]
+    files = [m.file_mib for m in ms if m.file_mib is not None]
+    return {
+        "name": name, "command": cmd,
+        "wall_s": [round(m.wall_s, 4) for m in ms],
+        "median_wall_s": round(statistics.median(m.wall_s for m in ms), 4),
+        "min_wall_s": round(min(m.wall_s for m in ms), 4),
+        "max_wall_s": round(max(m.wall_s for m in ms), 4),
+        "median_cpu_s": round(statistics.median(m.cpu_s for m in ms), 4),
+        "peak_rss_mib": round(max(m.maxrss_mib for m in ms), 1),
+        "peak_rss_mib_per_round": [round(m.maxrss_mib, 1) for m in ms],
+        "launcher_rss_mib": max((round(m.launcher_mib, 1) for m in ms if m.launcher_mib is not None), default=None),
+        "peak_anon_mib_sampled": round(max(anon), 1) if anon else None,
+        "peak_file_mib_sampled": round(max(files), 1) if files else None,
+    }
+
+
+def _markdown(report: dict) -> str:
+    t, g = report["trace"], report["goals"]
+    mc = report["machine"]
+    how = "reused" if t["reused"] else f"written in {t['write_s']:.1f} s"
+    lines = [
+        f"trace: {t['path']} ({t['bytes'] / MIB:.1f} MiB, {t['records']} records, {t['steps']} steps, "
+        f"{how}, seed {t['seed']})",
+        f"machine: {mc['nproc']} CPUs, {mc['cpu']}, {mc['mem_total_gib']} GiB; Python {mc['python']}, numpy {mc['numpy']}",
+        f"load average (1, 5, 15 min): before {report['load_before']}, after {report['load_after']}",
+        f"rounds: {report['rounds']}, each a fresh process per pass, order alternating",
+        "",
+        "| pass | median wall s | min-max wall s | median CPU s | peak RSS MiB | peak anon MiB (sampled) "
+        "| peak file MiB (sampled) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def f(v):
+        return "-" if v is None else f"{v:.1f}"
+
+    for r in report["rows"]:
+        lines.append(
+            f"| {r['name']} | {r['median_wall_s']:.2f} | {r['min_wall_s']:.2f}-{r['max_wall_s']:.2f} "
+            f"| {r['median_cpu_s']:.2f} | {r['peak_rss_mib']:.1f} | {f(r['peak_anon_mib_sampled'])} | {f(r['peak_file_mib_sampled'])} |"
+        )
+    lines += [
+        "",
+        f"ratio (a)/(b), median wall: {report['ratio']:.2f} (goal <= {g['ratio_max']:g}: {'ok' if g['ratio_ok'] else 'MISSED'})",
+        f"peak RSS of (a): {report['rows'][0]['peak_rss_mib']:.1f} MiB "
+        f"(goal < {g['peak_rss_max_mib']:g} MiB: {'ok' if g['rss_ok'] else 'MISSED'}); "
+        f"the launcher's RSS when it forks, the floor of that number: {f(report['rows'][0]['launcher_rss_mib'])} MiB",
+        "",
+        "(a) " + " ".join(report["rows"][0]["command"]) + " > /dev/null",
+        "(b) python -c BASELINE_SRC TRACE CHUNK: np.memmap of the record dtype, summing every field per chunk "
+        f"of {report['chunk_records']} records",
+        "",
+        "note: " + report["note"],
+    ]
+    return "\n".join(lines)
+
+
+NOTE = (
+    "the page cache was not dropped (that needs root): both passes read the same file after it was written "
+    "(or read once to warm it), so both read it from the page cache. Peak RSS is the command's ru_maxrss "
+    "(RUSAGE_CHILDREN of a fresh launcher per measurement), which counts the touched pages of a memory-mapped "
+    "trace; anon (heap) and file (mapped file pages) are /proc samples every 10 ms."
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:
+        return EXIT_OK if e.code in (0, None) else EXIT_USAGE
+    if not (math.isfinite(args.size_mib) and args.size_mib > 0):
+        print(f"bench_stats: --size-mib must be a positive number, not {args.size_mib:g}", file=sys.stderr)
+        return EXIT_USAGE
+    size = int(args.size_mib * MIB)
+    seed_header = synth_header(args.seed)
+    if args.rounds < 1:
+        print("bench_stats: --rounds must be >= 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.seed < 0:
+        print("bench_stats: --seed must be >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    n_steps, n_records = plan(size, args.seed)
+    if n_steps < MIN_STEPS:
+        print(f"bench_stats: --size-mib {args.size_mib:g} holds {n_steps} whole ubatches of the synthetic "
+              f"schedule; give at least {MIN_STEPS} (try 4 MiB or more)", file=sys.stderr)
+        return EXIT_USAGE
+
+    tmp = None
+    if args.trace is None:
+        if args.keep:
+            path = Path(tempfile.gettempdir()) / f"onebit-bench-stats-{args.size_mib:g}MiB-seed{args.seed}.trace"
+        else:
+            tmp = tempfile.TemporaryDirectory(prefix="onebit-bench-stats-")
+            path = Path(tmp.name) / "synthetic.trace"
+    else:
+        path = args.trace
+        if not path.parent.is_dir():
+            print(f"bench_stats: {path.parent} is not a directory", file=sys.stderr)
+            return EXIT_USAGE
+    want = TRACE_HEADER_SIZE + n_records * seed_header.record_size
+    reuse = False
+    if path.exists():
+        with path.open("rb") as fh:
+            ours = fh.read(TRACE_HEADER_SIZE) == seed_header.to_bytes()
+        if not args.keep:
+            print(f"bench_stats: {path} exists; pass --keep to reuse it, or choose another --trace", file=sys.stderr)
+            return EXIT_USAGE
+        if not ours:
+            print(f"bench_stats: {path} is not a synthetic trace of seed {args.seed}; refusing to overwrite it",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        reuse = path.stat().st_size == want
+
+    try:
+        load_before = _loadavg()
+        write_s = 0.0
+        if reuse:
+            print(f"bench_stats: reusing {path} ({want / MIB:.1f} MiB); warming the page cache", file=sys.stderr)
+            _warm(path)
+        else:
+            print(f"bench_stats: writing {want / MIB:.1f} MiB to {path}", file=sys.stderr)
+            t0 = time.perf_counter()
+            write_trace(path, size, args.seed)
+            write_s = time.perf_counter() - t0
+        assert path.stat().st_size == want
+
+        cmds = {
+            "(a) onebit-stats --json": [sys.executable, "-m", "onebit_predict.cli_stats", str(path), "--json"],
+            "(b) numpy memmap pass": [sys.executable, "-c", BASELINE_SRC, str(path), str(TRACE_CHUNK_RECORDS)],
+        }
+        names = list(cmds)
+        results: dict[str, list[Measurement]] = {n: [] for n in names}
+        for rnd in range(args.rounds):
+            for name in names if rnd % 2 == 0 else names[::-1]:
+                print(f"bench_stats: round {rnd + 1}/{args.rounds}: {name}", file=sys.stderr)
+                try:
+                    results[name].append(measure(cmds[name]))
+                except RuntimeError as e:
+                    print(f"bench_stats: FAILED: {e}", file=sys.stderr)
+                    return EXIT_CHECK_FAILED
+        load_after = _loadavg()
+
+        rows = [_row(n, cmds[n] if n.startswith("(a)") else [sys.executable, "-c", "BASELINE_SRC", str(path),
+                                                               str(TRACE_CHUNK_RECORDS)], results[n]) for n in names]
+        ratio = rows[0]["median_wall_s"] / rows[1]["median_wall_s"]
+        ratio_ok, rss_ok = ratio <= GOAL_RATIO, rows[0]["peak_rss_mib"] < GOAL_PEAK_MIB
+        report = {
+            "trace": {"path": str(path), "bytes": want, "records": n_records, "steps": n_steps, "seed": args.seed,
+                      "reused": reuse, "write_s": round(write_s, 2), "kept": args.keep},
+            "rounds": args.rounds, "chunk_records": TRACE_CHUNK_RECORDS,
+            "rows": rows,
+            "ratio": round(ratio, 3),
+            "goals": {"ratio_max": GOAL_RATIO, "peak_rss_max_mib": GOAL_PEAK_MIB,
+                      "ratio_ok": ratio_ok, "rss_ok": rss_ok, "ok": ratio_ok and rss_ok},
+            "machine": machine(), "load_before": load_before, "load_after": load_after,
+            "baseline_src": BASELINE_SRC, "note": NOTE,
+        }
+        print(json.dumps(report, indent=2) if args.json else _markdown(report))
+        if not ratio_ok:
+            print(f"bench_stats: goal missed: onebit-stats takes {ratio:.2f}x the numpy pass (goal <= {GOAL_RATIO:g}x)",
+                  file=sys.stderr)
+        if not rss_ok:
+            print(f"bench_stats: goal missed: onebit-stats peak RSS {rows[0]['peak_rss_mib']:.1f} MiB "
+                  f"(goal < {GOAL_PEAK_MIB:g} MiB)", file=sys.stderr)
+        return EXIT_OK if ratio_ok and rss_ok else EXIT_CHECK_FAILED
+    finally:
+        if not args.keep:
+            path.unlink(missing_ok=True)
+        if tmp is not None:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
