@@ -56,6 +56,8 @@ usage: ./build.sh [SUBCOMMAND] [OPTIONS]
 
   (none) | build      fetch the pinned sdist (sha256 checked), apply patches/series with git am -3,
                       build llama.cpp (shared libs, tests, CPU) and set up .venv with this package
+  demo                build if needed, then trace router and block on the bundled trained model
+                      and print their hit-rate table side by side (the README's main job)
   test                build if needed, then ctest -L onebit and pytest (the README's test command)
   check               lint the series, apply it to a clean pristine tree without fuzz, re-export it
                       and fail if the export differs from patches/ by a byte
@@ -173,6 +175,21 @@ am_stopped_at() {
     if [[ -n $name ]]; then basename "$name"; else head -n 1 "$dir/final-commit" 2>/dev/null || true; fi
 }
 
+# the pinned sdist, fetched and verified, and its pristine tree (the path is printed)
+pinned_pristine() {
+    local version
+    version=$(pin_value version)
+    fetch_sdist "$version" "$(pin_value sha256)"
+    pristine_tree "$version"
+}
+
+# start the log of a subcommand
+open_log() {
+    mkdir -p "$CACHE/logs"
+    LOG=$CACHE/logs/$1.log
+    : >"$LOG"
+}
+
 # apply the series to a fresh clone of the pristine tree in DEST (atomically: only a fully
 # patched tree ever appears at DEST); mode "-3" or "" (plain: no three-way, no fuzz)
 apply_series() {
@@ -274,15 +291,10 @@ setup_python() {
 }
 
 cmd_build() {
-    local version sha tree bdir key
+    local version tree bdir key pristine
     version=$(pin_value version)
-    sha=$(pin_value sha256)
-    mkdir -p "$CACHE/logs"
-    LOG=$CACHE/logs/build-$version.log
-    : >"$LOG"
-    fetch_sdist "$version" "$sha"
-    local pristine
-    pristine=$(pristine_tree "$version")
+    open_log "build-$version"
+    pristine=$(pinned_pristine)
     key="$version-$(series_hash)-$(flags_hash)"
     tree=$CACHE/src/$version/work-$(series_hash)
     if [[ ! -f $tree/.onebit-ok ]]; then
@@ -313,13 +325,31 @@ cmd_test() {
     return $rc
 }
 
+# the README's main job: the predictor on the bundled trained model, router vs block
+DEMO_MODEL=$ROOT/models/qwen3moe-tiny.gguf
+DEMO_PROMPT=$ROOT/models/demo-prompt.txt
+
+cmd_demo() {
+    cmd_build
+    local venv out
+    venv=$(venv_dir)
+    out=$CACHE/demo
+    [[ -f $DEMO_MODEL ]] || die "the bundled model $DEMO_MODEL is missing" 2
+    mkdir -p "$out"
+    local mode
+    for mode in router block; do
+        step "onebit-trace $mode on $(basename "$DEMO_MODEL") (held-out text, decoded token by token)"
+        "$venv/bin/onebit-trace" "$DEMO_MODEL" --mode "$mode" --out "$out/$mode.bin" --prompt-file "$DEMO_PROMPT" \
+            --bytes --prefill 16 --generate 0 --ctx 1024 \
+            || die "onebit-trace $mode failed (see above)" 1
+    done
+    step "onebit-stats: router vs block, with the previous-token baseline"
+    "$venv/bin/onebit-stats" "$out/router.bin" "$out/block.bin"
+}
+
 cmd_check() {
-    local version sha pristine problems=0
-    version=$(pin_value version)
-    sha=$(pin_value sha256)
-    mkdir -p "$CACHE/logs"
-    LOG=$CACHE/logs/check.log
-    : >"$LOG"
+    local pristine problems=0
+    open_log check
 
     step "lint patches/series"
     local listed=() name files
@@ -345,8 +375,7 @@ cmd_check() {
     done
     [[ $problems -eq 0 ]] || exit 1
 
-    fetch_sdist "$version" "$sha"
-    pristine=$(pristine_tree "$version")
+    pristine=$(pinned_pristine)
     # a global: the EXIT trap also runs after cmd_check has returned, where a local is unset
     CHECK_TMP=$(mktemp -d "${TMPDIR:-/tmp}/onebit-check.XXXXXX")
     trap 'rm -rf "$CHECK_TMP"' EXIT
@@ -399,9 +428,7 @@ cmd_rebase() {
     done
     [[ -n $to || -n $tree_dir ]] || usage_error "rebase needs --to VERSION or --tree DIR"
     [[ -z $to || -z $tree_dir ]] || usage_error "rebase takes --to or --tree, not both"
-    mkdir -p "$CACHE/logs"
-    LOG=$CACHE/logs/rebase.log
-    : >"$LOG"
+    open_log rebase
 
     local files
     files=$(series_files)
@@ -430,10 +457,8 @@ cmd_rebase() {
 
     # git am -3 needs the blobs the patches were made against: bring the pinned pristine
     # tree's objects into the target (under a ref of ours, no branch or tag is touched)
-    local pin_version pinned
-    pin_version=$(pin_value version)
-    fetch_sdist "$pin_version" "$(pin_value sha256)"
-    pinned=$(pristine_tree "$pin_version")
+    local pinned
+    pinned=$(pinned_pristine)
     run_logged "see the log" "${GIT[@]}" -C "$target" fetch -q --no-tags "$pinned" "+refs/tags/$PRISTINE_TAG:refs/onebit/pinned-base"
 
     step "apply patches/series to $target (git am -3)"
@@ -454,9 +479,7 @@ cmd_export() {
             *) usage_error "export: unknown option '$1'" ;;
         esac
     done
-    mkdir -p "$CACHE/logs"
-    LOG=$CACHE/logs/export.log
-    : >"$LOG"
+    open_log export
     [[ -n $from ]] || from=$CACHE/src/$(pin_value version)/work-$(series_hash)
     [[ -d $from ]] || usage_error "no work tree at '$from' (run ./build.sh first or pass --from DIR)"
     local gitdir base
@@ -478,14 +501,10 @@ cmd_export() {
 }
 
 cmd_pristine() {
-    local version sha pristine bdir key
+    local version pristine bdir key
     version=$(pin_value version)
-    sha=$(pin_value sha256)
-    mkdir -p "$CACHE/logs"
-    LOG=$CACHE/logs/pristine-$version.log
-    : >"$LOG"
-    fetch_sdist "$version" "$sha"
-    pristine=$(pristine_tree "$version")
+    open_log "pristine-$version"
+    pristine=$(pinned_pristine)
     key="$version-pristine-$(flags_hash)"
     bdir=$CACHE/build/$key
     # the pristine tree has no onebit tests: build the library alone
@@ -499,6 +518,7 @@ main() {
     [[ $# -eq 0 ]] || shift
     case $cmd in
         build)    [[ $# -eq 0 ]] || usage_error "build takes no arguments"; cmd_build ;;
+        demo)     [[ $# -eq 0 ]] || usage_error "demo takes no arguments"; cmd_demo ;;
         test)     [[ $# -eq 0 ]] || usage_error "test takes no arguments"; cmd_test ;;
         check)    [[ $# -eq 0 ]] || usage_error "check takes no arguments"; cmd_check ;;
         rebase)   cmd_rebase "$@" ;;

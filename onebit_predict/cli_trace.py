@@ -50,7 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--tokens", type=int, help="N ids of the built-in token stream (models without a tokenizer)")
     p.add_argument("--bytes", action="store_true",
                    help="feed the prompt's UTF-8 bytes as token ids (byte-level models without a tokenizer)")
-    p.add_argument("--generate", type=int, default=32, help="greedy tokens decoded one by one after the prefill")
+    p.add_argument("--prefill", type=int,
+                   help="prefill only the first N prompt tokens in one batch and decode the rest one by one "
+                        "(teacher-forced: every decode step routes real text); default: the whole prompt")
+    p.add_argument("--generate", type=int, default=32, help="greedy tokens decoded one by one after the prompt")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in token stream")
     p.add_argument("--ctx", type=int, default=512, help="context size")
     p.add_argument("--ubatch", type=int, default=64, help="ubatch size of the prefill")
@@ -91,7 +94,7 @@ def _env(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 def _progress(done: int, total: int) -> None:
-    sys.stderr.write(f"\ronebit-trace: generate {done}/{total}")
+    sys.stderr.write(f"\ronebit-trace: decode {done}/{total}")
     if done == total:
         sys.stderr.write("\n")
     sys.stderr.flush()
@@ -109,14 +112,18 @@ def record(args: argparse.Namespace) -> int:
         settings = ContextSettings(n_ctx=args.ctx, n_batch=max(len(prompt), 1), n_ubatch=args.ubatch,
                                    n_threads=args.threads)
         args.out.parent.mkdir(parents=True, exist_ok=True)
+        n_pre = len(prompt) if args.prefill is None else min(args.prefill, len(prompt))
         with Context(model, settings, _env(args)) as ctx:
+            rows = ctx.decode(prompt[:n_pre], list(range(n_pre)), [0] * n_pre, [i == n_pre - 1 for i in range(n_pre)])
+            for pos in range(n_pre, len(prompt)):
+                rows = ctx.decode([prompt[pos]], [pos], [0], [True])
+                _progress(pos + 1 - n_pre, n_total - n_pre)
             n = len(prompt)
-            rows = ctx.decode(prompt, list(range(n)), [0] * n, [i == n - 1 for i in range(n)])
             token = int(np.argmax(np.frombuffer(rows[-1], dtype=np.float32)))
             for step in range(args.generate):
                 rows = ctx.decode([token], [n + step], [0], [True])
                 token = int(np.argmax(np.frombuffer(rows[0], dtype=np.float32)))
-                _progress(step + 1, args.generate)
+                _progress(n + step + 1 - n_pre, n_total - n_pre)
         return n_total
 
 
@@ -128,6 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
     if args.bytes and args.prompt is None and args.prompt_file is None:
         print("onebit-trace: --bytes needs --prompt or --prompt-file", file=sys.stderr)
+        return EXIT_USAGE
+    if args.prefill is not None and args.prefill < 1:
+        print("onebit-trace: --prefill must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     if args.tokens is not None and args.tokens < 1:
         print("onebit-trace: --tokens must be at least 1", file=sys.stderr)

@@ -98,3 +98,44 @@ def test_tiny_is_deterministic_and_checked(tmp_path, capsys):
     with pytest.raises(SystemExit):
         tiny.main(["--arch", "llama", "--out", str(tmp_path / "e.gguf")])
     assert "seed" in capsys.readouterr().err
+
+
+def test_prefill_then_teacher_forced_decode(tiny_model, tmp_path):
+    """--prefill N: the rest of the prompt is decoded one token per step, so it is scored."""
+    out = tmp_path / "tf.bin"
+    rc = cli_trace.main([str(tiny_model("qwen3next")), "--mode", "block", "--out", str(out), "--tokens", "20",
+                         "--prefill", "4", "--generate", "3"])
+    assert rc == EXIT_OK
+    rec = Trace.open(out).records
+    n_decoded = 20 - 4 + 3
+    decode = (rec["flags"] & TRACE_FLAG_DECODE) != 0
+    assert np.count_nonzero(decode & (rec["layer"] == 1)) == n_decoded
+    assert rec[decode & (rec["layer"] == 0)]["pos"].tolist() == list(range(4, 4 + n_decoded))
+
+
+def test_bytes_needs_a_byte_vocabulary(tiny_model, tmp_path, capsys):
+    model = str(tiny_model("qwen3moe"))  # 64 ids: not a byte-level model
+    out = str(tmp_path / "t")
+    assert cli_trace.main([model, "--mode", "router", "--out", out, "--tokens", "5", "--bytes"]) == EXIT_USAGE
+    assert cli_trace.main([model, "--mode", "router", "--out", out, "--prompt", "abc", "--bytes"]) == EXIT_USAGE
+    assert cli_trace.main([model, "--mode", "router", "--out", out, "--tokens", "5", "--prefill", "0"]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "--bytes needs --prompt" in err and "at least 256 ids" in err and "--prefill" in err
+
+
+def test_warmup_is_not_recorded(tiny_model, tmp_path):
+    """A warmup decode (every expert used) writes no record; counting starts after it."""
+    from onebit_predict.runner import Context, ContextSettings, Model, llama
+
+    lib = llama()
+    out = tmp_path / "warm.bin"
+    env = {"ONEBIT_MOE_PREDICT": "router", "ONEBIT_MOE_PREDICT_OUT": str(out)}
+    with Model(tiny_model("qwen3moe")) as model, Context(model, ContextSettings(n_ubatch=8), env) as ctx:
+        lib.llama_set_warmup(ctx.ptr, True)
+        ctx.decode([1, 2], [0, 1], [0, 0], [False, True])
+        lib.llama_set_warmup(ctx.ptr, False)
+        assert out.stat().st_size == 512  # the header alone
+        lib.llama_memory_clear(lib.llama_get_memory(ctx.ptr), True)
+        ctx.decode([3], [0], [0], [True])
+    rec = Trace.open(out).records
+    assert len(rec) == 4 and set(rec["step"].tolist()) == {0}

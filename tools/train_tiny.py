@@ -153,6 +153,8 @@ def build_config(arch: str, ctx: int):
             ple_layer_ids=[2], ple_embed_dim=64, ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=2,
             ngram_vocab_size_base=1009, make_ngram_vocab_size_divisible_by=16, split_ngram_parts=1, seed=1234,
             indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=64, indexer_compress_ratio=4,
+            # llama.cpp's qwen4exp graph always gates the DeltaNet output with a sigmoid (build_norm_gated)
+            output_gate_type="sigmoid",
             **common)
     raise SystemExit(f"train_tiny: unknown --arch {arch}")
 
