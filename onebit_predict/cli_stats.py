@@ -17,6 +17,7 @@ import csv
 import dataclasses
 import json
 import logging
+import os
 import math
 import sys
 from collections.abc import Sequence
@@ -218,7 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             args = _parser().parse_args(argv)
         except SystemExit as e:  # argparse: --help (0) or a usage error (2)
             return EXIT_OK if e.code in (0, None) else EXIT_USAGE
-        return _run(args)
+        try:
+            return _run(args)
+        except BrokenPipeError:  # the reader (head, less) left: not an error of ours
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return EXIT_OK
     finally:
         logger.removeHandler(handler)
         logger.propagate = propagate
