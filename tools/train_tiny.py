@@ -17,14 +17,23 @@ come from small models whose routers learned to route. This script:
 5. ``--check``: runs the GGUF through the patched llama.cpp and the checkpoint through
    transformers on the same held-out tokens and reports the logits' NMSE.
 
-Dependencies: the ``train`` extra (``pip install -e .[train]``): torch (CPU), transformers.
+Dependencies: the ``train`` extra (``pip install -e .[train]``: torch 2.13.0 CPU,
+transformers 5.24.0) and a patched llama.cpp build (``./build.sh``). The recipes of the
+committed models (models/README.md has their curves, checks and sha256):
 
-    python tools/train_tiny.py --arch qwen3moe --out models/qwen3moe-tiny.gguf --seed 1 --steps 1000
-    python tools/train_tiny.py --check models/qwen3moe-tiny.gguf
+    python tools/train_tiny.py --arch qwen3moe --out models/qwen3moe-tiny.gguf --seed 1 --steps 500
+    python tools/train_tiny.py --arch qwen4exp --out models/qwen4exp-tiny.gguf --seed 1 --steps 200 \
+        --batch 8 --eval-every 25
+    python tools/train_tiny.py --check models/qwen3moe-tiny.gguf    # NMSE vs models/qwen3moe-tiny-hf/
 
-Everything is deterministic for a given seed, corpus and thread count: the corpus files are
-read in sorted order, the validation split is a hash of each file's relative path, the
-training windows come from a seeded generator and torch runs with a fixed thread count.
+Training writes ``NAME.gguf``, the float16 transformers checkpoint ``NAME-hf/``, the record
+``NAME.json`` (command, curve, expert usage, check) and, once, ``heldout.txt`` (the held-out
+snippet the check and tests/test_trained_models.py feed).
+
+Everything is deterministic for a given seed, corpus (the CPython version's stdlib) and
+thread count: the corpus files are read in sorted order, the validation split is a hash of
+each file's relative path, the training windows come from a seeded generator and torch runs
+single-threaded by default.
 """
 
 from __future__ import annotations
@@ -152,11 +161,40 @@ def build_config(arch: str, ctx: int):
             hc_count=4, hc_lowrank=32,
             ple_layer_ids=[2], ple_embed_dim=64, ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=2,
             ngram_vocab_size_base=1009, make_ngram_vocab_size_divisible_by=16, split_ngram_parts=1, seed=1234,
-            indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=64, indexer_compress_ratio=4,
+            indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=256, indexer_compress_ratio=4,
             # llama.cpp's qwen4exp graph always gates the DeltaNet output with a sigmoid (build_norm_gated)
             output_gate_type="sigmoid",
             **common)
     raise SystemExit(f"train_tiny: unknown --arch {arch}")
+
+
+def dense_qsa_fast_path(model) -> int:
+    """Skip the QSA indexer's per-query Python loop where it cannot drop a token.
+
+    transformers' Qwen4-Exp indexer selects, per query, the ``budget/ratio`` best complete
+    blocks of ``ratio`` visible tokens plus the incomplete tail, in a Python loop over every
+    query of every sequence. When a query sees at most ``budget`` tokens that selection is every
+    visible token, so the mask it returns is the causal mask itself; this returns exactly that
+    without the loop (and falls back to the original otherwise). The selection is a boolean
+    mask, so the indexer's own weights get no gradient either way. Training only: ``--check``
+    runs the unmodified transformers code.
+    """
+    import torch
+
+    patched = 0
+    for mod in model.modules():
+        if type(mod).__name__ != "Qwen4ExpTextQSAIndexer":
+            continue
+        orig = mod.forward
+
+        def forward(hidden_states, position_embeddings, attention_mask, cache=None, _orig=orig, _mod=mod):
+            if cache is None and attention_mask is not None and attention_mask.shape[-1] <= _mod.token_budget:
+                return attention_mask if attention_mask.dtype == torch.bool else attention_mask == 0
+            return _orig(hidden_states, position_embeddings, attention_mask, cache)
+
+        mod.forward = forward
+        patched += 1
+    return patched
 
 
 ARCH_CLASS = {"qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "qwen4exp": "Qwen4ExpForCausalLM"}
@@ -188,7 +226,7 @@ def evaluate(model, windows, batch: int = 16) -> float:
     with torch.no_grad():
         for i in range(0, len(windows), batch):
             w = windows[i:i + batch]
-            out = model(input_ids=w[:, :-1], output_router_logits=False)
+            out = model(input_ids=w[:, :-1], output_router_logits=False, use_cache=False)
             logits = out.logits.float()
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
                                                      reduction="sum")
@@ -206,7 +244,7 @@ def expert_usage(model, windows, top_k: int) -> list[list[int]]:
     model.eval()
     with torch.no_grad():
         for i in range(0, len(windows), 16):
-            out = model(input_ids=windows[i:i + 16, :-1], output_router_logits=True)
+            out = model(input_ids=windows[i:i + 16, :-1], output_router_logits=True, use_cache=False)
             rl = [r for r in out.router_logits if r is not None]
             if counts is None:
                 counts = [torch.zeros(r.shape[-1], dtype=torch.long) for r in rl]
@@ -253,6 +291,8 @@ def train(args) -> dict:
             model.set_experts_implementation("grouped_mm")
         except Exception as exc:  # noqa: BLE001 - keep the default
             print(f"grouped_mm experts unavailable ({exc}); using the default", flush=True)
+    if dense_qsa_fast_path(model):
+        assert args.ctx <= model.config.indexer_budget, "the QSA fast path needs --ctx <= indexer_budget"
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {args.arch}, {n_params} parameters", flush=True)
     vwin = val_windows(corpus["val"], args.ctx, args.val_windows)
@@ -283,7 +323,7 @@ def train(args) -> dict:
         x = torch.stack([train_stream[s:s + args.ctx + 1] for s in starts.tolist()]).long()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        out = model(input_ids=x[:, :-1], output_router_logits=True)
+        out = model(input_ids=x[:, :-1], output_router_logits=True, use_cache=False)
         lm = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), x[:, 1:].reshape(-1))
         aux = balance_loss(out.router_logits, model.config.num_experts_per_tok)
         loss = lm + args.aux_coef * aux
@@ -326,7 +366,6 @@ sys.path[:0] = [tree + "/gguf-py", tree]
 import gguf
 assert gguf.__file__.startswith(tree), f"gguf from {gguf.__file__}, not the pinned tree"
 import convert_hf_to_gguf as conv
-from conversion.base import ModelBase, TextModel
 
 def byte_vocab(self):
     # no tokenizer: token id = byte value, id 256 = end of file (documented in models/README.md)
@@ -339,7 +378,20 @@ def byte_vocab(self):
 import json
 from conversion import get_model_class
 arch = json.load(open(hf_dir + "/config.json"))["architectures"][0]
-get_model_class(arch).set_vocab = byte_vocab
+cls = get_model_class(arch)
+cls.set_vocab = byte_vocab
+
+# transformers >= 5 renames Qwen4-Exp's "full_attention" layers to "indexed_attention" when it
+# loads the config (the converter reads hparams through AutoConfig), and the converter then
+# writes compress_ratio 0 for every layer: llama.cpp would silently run dense attention where
+# transformers runs QSA. Give the converter the names the released checkpoints use.
+_orig_sgp = cls.set_gguf_parameters
+def set_gguf_parameters(self):
+    lt = self.hparams.get("layer_types")
+    if lt:
+        self.hparams["layer_types"] = ["full_attention" if t == "indexed_attention" else t for t in lt]
+    _orig_sgp(self)
+cls.set_gguf_parameters = set_gguf_parameters
 sys.argv = ["convert_hf_to_gguf.py", hf_dir, "--outfile", out, "--outtype", outtype, "--model-name", name]
 conv.main()
 """
@@ -364,7 +416,7 @@ def sha256(path: Path) -> str:
 
 # --- the transformers vs llama.cpp check --------------------------------------------------
 
-def llama_logits(gguf_path: Path, seqs: list[list[int]], threads: int = 2):
+def llama_logits(gguf_path: Path, seqs: list[list[int]], threads: int = 1):
     """llama.cpp logits (numpy, [n_seq, len, n_vocab]) of each sequence, each in a fresh context."""
     import numpy as np
 
@@ -391,21 +443,46 @@ def hf_logits(hf_dir: Path, seqs: list[list[int]]):
         model.set_experts_implementation("eager")  # the reference: transformers' plain per-expert loop
     model.eval()
     with torch.no_grad():
-        return model(input_ids=torch.tensor(seqs), output_router_logits=False).logits.float().numpy()
+        return model(input_ids=torch.tensor(seqs), output_router_logits=False, use_cache=False).logits.float().numpy()
 
 
-def check_sequences(n_seq: int = 4, length: int = 256) -> list[list[int]]:
-    """Held-out tokens: windows of the validation stream (never trained on)."""
-    corpus = load_corpus()
-    w = val_windows(corpus["val"], length - 1, n_seq)
-    return w.tolist()
+HELDOUT_SEQS, HELDOUT_LEN, HELDOUT_OFFSET = 4, 256, 1024
 
 
-def check(gguf_path: Path, hf_dir: Path, threads: int = 2) -> dict:
+def write_heldout(path: Path) -> list[str]:
+    """Write the held-out snippet: bytes [1024, 1280) of the first four validation files (sorted)
+    that are at least 2 KiB long, concatenated (4 x 256 bytes). Returns their relative paths.
+
+    It is committed next to the models so the tests (which run without torch, on any Python)
+    and ``--check`` feed exactly the same tokens; no byte of it was trained on.
+    """
+    chosen, data = [], b""
+    for rel, p in corpus_files():
+        if not is_validation(rel):
+            continue
+        raw = p.read_bytes()
+        if len(raw) < HELDOUT_OFFSET + 1024:
+            continue
+        chosen.append(rel)
+        data += raw[HELDOUT_OFFSET:HELDOUT_OFFSET + HELDOUT_LEN]
+        if len(chosen) == HELDOUT_SEQS:
+            break
+    path.write_bytes(data)
+    return chosen
+
+
+def heldout_sequences(path: Path) -> list[list[int]]:
+    """The held-out snippet as HELDOUT_SEQS token sequences (token id = byte value)."""
+    raw = path.read_bytes()
+    return [list(raw[i:i + HELDOUT_LEN]) for i in range(0, len(raw), HELDOUT_LEN)]
+
+
+def check(gguf_path: Path, hf_dir: Path, threads: int = 1, heldout: Path | None = None) -> dict:
+    """Logits of the GGUF (patched llama.cpp) against the checkpoint (transformers) on the held-out snippet."""
     import numpy as np
 
     setup_torch(threads, 0)
-    seqs = check_sequences()
+    seqs = heldout_sequences(heldout or gguf_path.parent / "heldout.txt")
     a = llama_logits(gguf_path, seqs, threads)
     b = hf_logits(hf_dir, seqs)
     nmse = float(np.sum((a - b) ** 2) / np.sum(b ** 2))
@@ -451,13 +528,14 @@ def main(argv: list[str] | None = None) -> int:
     cmd = "python tools/train_tiny.py " + " ".join(argv if argv is not None else sys.argv[1:])
     res = train(args)
     model = res.pop("model")
-    import torch  # noqa: F401
-
     model.config.output_router_logits = False
     if hasattr(model, "set_experts_implementation"):
         model.set_experts_implementation("eager")
     model.half().save_pretrained(hf_dir, safe_serialization=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    heldout = args.out.parent / "heldout.txt"
+    if not heldout.exists():
+        print(f"held-out snippet from {write_heldout(heldout)}")
     convert(hf_dir, args.out, args.outtype, f"onebit-tiny-{args.arch}")
     record = {
         "command": cmd, "arch": args.arch, "seed": args.seed, "steps": args.steps, "batch": args.batch,
