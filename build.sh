@@ -340,7 +340,7 @@ cmd_demo() {
     for mode in router block; do
         step "onebit-trace $mode on $(basename "$DEMO_MODEL") (held-out text, decoded token by token)"
         "$venv/bin/onebit-trace" "$DEMO_MODEL" --mode "$mode" --out "$out/$mode.bin" --prompt-file "$DEMO_PROMPT" \
-            --bytes --prefill 16 --generate 0 --ctx 1088 \
+            --bytes --window 256 --prefill 16 --generate 0 --ctx 256 \
             || die "onebit-trace $mode failed (see above)" 1
     done
     step "onebit-stats: router vs block, with the previous-token baseline"

@@ -53,6 +53,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prefill", type=int,
                    help="prefill only the first N prompt tokens in one batch and decode the rest one by one "
                         "(teacher-forced: every decode step routes real text); default: the whole prompt")
+    p.add_argument("--window", type=int,
+                   help="cut the prompt into windows of N tokens, each run as a fresh sequence from pos 0 "
+                        "(the memory is cleared between windows; keeps positions inside a model's training context)")
     p.add_argument("--generate", type=int, default=32, help="greedy tokens decoded one by one after the prompt")
     p.add_argument("--seed", type=int, default=0, help="seed of the built-in token stream")
     p.add_argument("--ctx", type=int, default=512, help="context size")
@@ -100,31 +103,46 @@ def _progress(done: int, total: int) -> None:
     sys.stderr.flush()
 
 
+def _run_window(ctx: Context, prompt: list[int], n_pre: int, generate: int, done: int, total: int) -> int:
+    """Prefill n_pre tokens, decode the rest of the prompt one by one, then generate greedily."""
+    rows = ctx.decode(prompt[:n_pre], list(range(n_pre)), [0] * n_pre, [i == n_pre - 1 for i in range(n_pre)])
+    for pos in range(n_pre, len(prompt)):
+        rows = ctx.decode([prompt[pos]], [pos], [0], [True])
+        done += 1
+        _progress(done, total)
+    token = int(np.argmax(np.frombuffer(rows[-1], dtype=np.float32)))
+    for step in range(generate):
+        rows = ctx.decode([token], [len(prompt) + step], [0], [True])
+        token = int(np.argmax(np.frombuffer(rows[0], dtype=np.float32)))
+        done += 1
+        _progress(done, total)
+    return done
+
+
 def record(args: argparse.Namespace) -> int:
-    """Run the prefill and the greedy decode with the trace switched on; return n tokens run."""
+    """Run the prefill and the decodes with the trace switched on; return the tokens run."""
     with Model(args.model) as model:
         prompt = _prompt_tokens(args, model)
         if not prompt:
             raise ValueError("the prompt has no tokens")
-        n_total = len(prompt) + args.generate
-        if n_total > args.ctx:
-            raise ValueError(f"prompt ({len(prompt)}) + --generate ({args.generate}) exceeds --ctx {args.ctx}")
-        settings = ContextSettings(n_ctx=args.ctx, n_batch=max(len(prompt), 1), n_ubatch=args.ubatch,
+        size = args.window or len(prompt)
+        windows = [prompt[i:i + size] for i in range(0, len(prompt), size)]
+        n_longest = max(len(w) for w in windows) + args.generate
+        if n_longest > args.ctx:
+            raise ValueError(f"prompt or window ({n_longest - args.generate}) + --generate ({args.generate}) "
+                             f"exceeds --ctx {args.ctx}")
+        settings = ContextSettings(n_ctx=args.ctx, n_batch=max(len(w) for w in windows), n_ubatch=args.ubatch,
                                    n_threads=args.threads)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        n_pre = len(prompt) if args.prefill is None else min(args.prefill, len(prompt))
+        pre = [len(w) if args.prefill is None else min(args.prefill, len(w)) for w in windows]
+        total = sum(len(w) - p + args.generate for w, p in zip(windows, pre))
+        done = 0
         with Context(model, settings, _env(args)) as ctx:
-            rows = ctx.decode(prompt[:n_pre], list(range(n_pre)), [0] * n_pre, [i == n_pre - 1 for i in range(n_pre)])
-            for pos in range(n_pre, len(prompt)):
-                rows = ctx.decode([prompt[pos]], [pos], [0], [True])
-                _progress(pos + 1 - n_pre, n_total - n_pre)
-            n = len(prompt)
-            token = int(np.argmax(np.frombuffer(rows[-1], dtype=np.float32)))
-            for step in range(args.generate):
-                rows = ctx.decode([token], [n + step], [0], [True])
-                token = int(np.argmax(np.frombuffer(rows[0], dtype=np.float32)))
-                _progress(n + step + 1 - n_pre, n_total - n_pre)
-        return n_total
+            for i, (window, n_pre) in enumerate(zip(windows, pre)):
+                if i > 0:
+                    ctx.clear_memory()
+                done = _run_window(ctx, window, n_pre, args.generate, done, total)
+        return len(prompt) + args.generate * len(windows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,6 +153,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
     if args.bytes and args.prompt is None and args.prompt_file is None:
         print("onebit-trace: --bytes needs --prompt or --prompt-file", file=sys.stderr)
+        return EXIT_USAGE
+    if args.window is not None and args.window < 1:
+        print("onebit-trace: --window must be at least 1", file=sys.stderr)
         return EXIT_USAGE
     if args.prefill is not None and args.prefill < 1:
         print("onebit-trace: --prefill must be at least 1", file=sys.stderr)

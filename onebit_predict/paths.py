@@ -68,5 +68,6 @@ def llama_tree() -> Path:
 def use_patched_libllama() -> BuildInfo:
     """Point llama-cpp-python at the patched libllama (call before importing llama_cpp)."""
     info = build_info()
-    os.environ.setdefault("LLAMA_CPP_LIB_PATH", str(info.lib_dir))
+    if not os.environ.get("LLAMA_CPP_LIB_PATH"):  # unset or empty: an empty value would make llama_cpp look in "."
+        os.environ["LLAMA_CPP_LIB_PATH"] = str(info.lib_dir)
     return info

@@ -170,6 +170,11 @@ class Context:
         finally:
             lib.llama_batch_free(batch)
 
+    def clear_memory(self) -> None:
+        """Forget every sequence (KV cache and recurrent state): the next token starts at pos 0."""
+        lib = llama()
+        lib.llama_memory_clear(lib.llama_get_memory(self.ptr), True)
+
     def save_state(self) -> bytes:
         lib = llama()
         size = lib.llama_state_get_size(self.ptr)

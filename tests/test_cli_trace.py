@@ -139,3 +139,18 @@ def test_warmup_is_not_recorded(tiny_model, tmp_path):
         ctx.decode([3], [0], [0], [True])
     rec = Trace.open(out).records
     assert len(rec) == 4 and set(rec["step"].tolist()) == {0}
+
+
+def test_windows_restart_at_pos_zero(tiny_model, tmp_path):
+    """--window N: each window is a fresh sequence from pos 0; its first rows are not scored."""
+    out = tmp_path / "win.bin"
+    rc = cli_trace.main([str(tiny_model("qwen3moe")), "--mode", "router", "--out", str(out), "--tokens", "30",
+                         "--window", "10", "--prefill", "2", "--generate", "0"])
+    assert rc == EXIT_OK
+    trace = Trace.open(out)
+    rec = trace.records
+    layer0 = rec[rec["layer"] == 0]
+    assert layer0["pos"].tolist() == ([0, 1] + list(range(2, 10))) * 3
+    stats = compute_stats(trace)
+    assert stats.issues == ()
+    assert stats.total.tokens == 3 * 8 * 3  # 3 windows x 8 decoded rows x 3 predicted layers

@@ -2,9 +2,10 @@
 """The hit-rate figures the README publishes, reproduced by one command.
 
 For a trained model: traces of router and block at ``_DEPTH`` = n_expert_used and
-2 x n_expert_used, on the held-out text (models/heldout.txt, never trained on), fed to the
-model as bytes: the first 16 bytes prefilled, every later byte decoded as its own step so
-that every scored row routes real text. Prints a Markdown table from ``onebit-stats --json``
+2 x n_expert_used, on the held-out text (models/heldout.txt, never trained on: four
+256-byte snippets, each run as its own sequence inside the models' 256-token training
+context), fed to the model as bytes: the first 16 bytes of a snippet prefilled, every
+later byte decoded as its own step so that every scored row routes real text. Prints a Markdown table from ``onebit-stats --json``
 (totals over the predicted layers, decode rows): read recall, slot recall@n_used and
 @depth, exact match, precision, next to the previous-token baseline.
 
@@ -25,6 +26,7 @@ import gguf
 REPO_ROOT = Path(__file__).resolve().parent.parent
 HELDOUT = REPO_ROOT / "models" / "heldout.txt"
 PREFILL = 16
+WINDOW = 256  # the models' training context: each 256-byte snippet of heldout.txt is its own sequence
 
 
 def n_expert_used(model: Path) -> int:
@@ -36,8 +38,8 @@ def n_expert_used(model: Path) -> int:
 
 def trace(model: Path, mode: str, depth: int, out: Path) -> None:
     cmd = [sys.executable, "-m", "onebit_predict.cli_trace", str(model), "--mode", mode, "--depth", str(depth),
-           "--out", str(out), "--prompt-file", str(HELDOUT), "--bytes", "--prefill", str(PREFILL),
-           "--generate", "0", "--ctx", str(HELDOUT.stat().st_size + 64)]
+           "--out", str(out), "--prompt-file", str(HELDOUT), "--bytes", "--window", str(WINDOW),
+           "--prefill", str(PREFILL), "--generate", "0", "--ctx", str(WINDOW)]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
 
 
