@@ -238,13 +238,14 @@ build_tree() {
     local tree=$1 bdir=$2 key=$3
     shift 3
     local targets=("$@")
+    # the policy cases are data, not part of the build key: refresh them on every run
+    mkdir -p "$bdir/onebit"
+    cp "$ROOT/ctest_port/cases.tsv" "$bdir/onebit/cases.tsv"
     if [[ -f $bdir/.onebit-stamp && $(cat "$bdir/.onebit-stamp") == "$key" ]]; then
         say "==> build $bdir is up to date"
         return
     fi
     rm -f "$bdir/.onebit-stamp"
-    mkdir -p "$bdir/onebit"
-    cp "$ROOT/ctest_port/cases.tsv" "$bdir/onebit/cases.tsv"
     step "configure llama.cpp (CMake)"
     run_logged "install cmake and a C++17 compiler, then run again" \
         cmake -S "$tree" -B "$bdir" "${CMAKE_FLAGS[@]}" -DONEBIT_POLICY_CASES="$bdir/onebit/cases.tsv"
