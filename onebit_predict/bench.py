@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .constants import ENV_LAYERS, ENV_MODE, ENV_NO_ATTN, ENV_OUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
-from .paths import CURRENT_ENV, NotBuiltError, build_info
+from .paths import NotBuiltError, build_info, pristine_lib_dir
 from .policy import parse_layers
 
 COMPUTE_BUFFER = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
@@ -77,8 +77,7 @@ def _worker(args: argparse.Namespace) -> int:
     import io
     from contextlib import redirect_stderr
 
-    from .cli_trace import builtin_tokens
-    from .runner import Context, ContextSettings, Model
+    from .runner import Context, ContextSettings, Model, builtin_tokens
 
     captured = io.StringIO()
     with Model(Path(args.model)) as model:
@@ -173,10 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotBuiltError as exc:
         print(f"onebit-bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    pristine = None
-    for line in CURRENT_ENV.read_text().splitlines() if CURRENT_ENV.is_file() else []:
-        if line.startswith("PRISTINE_LIB_DIR="):
-            pristine = Path(line.split("=", 1)[1])
+    pristine = pristine_lib_dir()
     with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
         cfgs = configs(Path(tmp), args.layers)
         if pristine is None:

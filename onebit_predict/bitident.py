@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .constants import ENV_MODE, ENV_OUT, MODE_NAMES, TRACE_FLAG_PREDICTED
-from .runner import Context, ContextSettings, Model
+from .runner import Context, ContextSettings, Model, builtin_tokens
 from .trace import Trace
 
 ENV_DEBUG_LEAK = "ONEBIT_MOE_PREDICT_DEBUG_LEAK"
@@ -77,10 +77,6 @@ class ModeResult:
         return self.mismatch is None and self.problem is None
 
 
-def _stream(n: int, n_vocab: int, seed: int) -> list[int]:
-    return np.random.default_rng(seed).integers(0, n_vocab, size=n).tolist()
-
-
 def _decode(ctx: Context, out: RunOutput, tokens: Sequence[int], pos: Sequence[int], seq: Sequence[int]) -> None:
     out.rows.extend(ctx.decode(tokens, pos, seq, [True] * len(tokens)))
     out.n_routed += len(tokens)
@@ -129,7 +125,7 @@ def run_once(model: Model, scenario: Scenario, mode: str, trace: Path | None, le
     """Feed the scenario's tokens through one fresh context with the given mode."""
     env: dict[str, str | None] = {ENV_MODE: mode, ENV_OUT: str(trace) if trace else None,
                                   ENV_DEBUG_LEAK: "1" if leak else None}
-    toks = _stream(2 * N_PREFILL + 2 * N_DECODE, model.n_vocab, seed)
+    toks = builtin_tokens(2 * N_PREFILL + 2 * N_DECODE, model.n_vocab, seed)
     out = RunOutput()
     with Context(model, scenario.settings, env) as ctx:
         FEEDS[scenario.feed](ctx, out, toks)

@@ -31,7 +31,7 @@ from .constants import (
     EXIT_USAGE,
 )
 from .paths import NotBuiltError
-from .runner import Context, ContextSettings, Model, RunError
+from .runner import Context, ContextSettings, Model, RunError, builtin_tokens
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,11 +63,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--stats", action="store_true", help="print the hit-rate table of the trace at the end")
     return p
-
-
-def builtin_tokens(n: int, n_vocab: int, seed: int) -> list[int]:
-    """The built-in token stream: n ids drawn uniformly from the vocabulary with a fixed seed."""
-    return np.random.default_rng(seed).integers(0, n_vocab, size=n).tolist()
 
 
 def _prompt_tokens(args: argparse.Namespace, model: Model) -> list[int]:

@@ -65,6 +65,12 @@ def llama_tree() -> Path:
     return build_info().tree
 
 
+def pristine_lib_dir() -> Path | None:
+    """The unpatched pin's libllama dir (``./build.sh pristine``), or None if it was not built."""
+    value = _read_env_file(CURRENT_ENV).get("PRISTINE_LIB_DIR")
+    return Path(value) if value else None
+
+
 def use_patched_libllama() -> BuildInfo:
     """Point llama-cpp-python at the patched libllama (call before importing llama_cpp)."""
     info = build_info()

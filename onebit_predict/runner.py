@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .paths import use_patched_libllama
 
 _llama: Any = None
@@ -49,6 +51,11 @@ def llama() -> Any:
         llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
         llama_cpp.llama_backend_init()
     return _llama
+
+
+def builtin_tokens(n: int, n_vocab: int, seed: int) -> list[int]:
+    """The built-in token stream: n ids drawn uniformly from the vocabulary with a fixed seed."""
+    return np.random.default_rng(seed).integers(0, n_vocab, size=n).tolist()
 
 
 @dataclass(frozen=True)

@@ -50,12 +50,12 @@ def test_trace_recorded_and_read(mode, tiny_model, tmp_path, capsys):
 
 def test_native_stats_table_matches_onebit_stats(tiny_model, tmp_path, capfd):
     """ONEBIT_MOE_PREDICT_STATS (printed by llama.cpp) and onebit-stats count the same rows."""
-    from onebit_predict.runner import Context, ContextSettings, Model
+    from onebit_predict.runner import Context, ContextSettings, Model, builtin_tokens
 
     out = tmp_path / "native.bin"
     env = {"ONEBIT_MOE_PREDICT": "block", "ONEBIT_MOE_PREDICT_DEPTH": "3", "ONEBIT_MOE_PREDICT_MARGIN": "0.02",
            "ONEBIT_MOE_PREDICT_OUT": str(out), "ONEBIT_MOE_PREDICT_STATS": "1"}
-    toks = cli_trace.builtin_tokens(N_PROMPT + N_GEN, 64, 3)
+    toks = builtin_tokens(N_PROMPT + N_GEN, 64, 3)
     with Model(tiny_model("qwen3moe")) as model, Context(model, ContextSettings(n_ubatch=8), env) as ctx:
         ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [False] * (N_PROMPT - 1) + [True])
         for i in range(N_GEN):
