@@ -28,7 +28,7 @@ WORK_BRANCH=onebit
 CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=OFF
              -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
              -DGGML_NATIVE=ON -DGGML_CCACHE=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF)
-TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict onebit-tiny-gguf test-recurrent-state-rollback)
+TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict test-onebit-amx-batched onebit-tiny-gguf test-recurrent-state-rollback)
 
 STEP=""
 LOG=""

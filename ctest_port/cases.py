@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
-from onebit_predict.policy import MODES, Env
+from onebit_predict.policy import MODES, PREFETCH_MODES, Env, PrefetchEnv
 
 CASES_TSV = Path(__file__).with_name("cases.tsv")
 UNSET = "@"
@@ -69,7 +69,17 @@ class PolicyCase(NamedTuple):
     n_warnings: int
 
 
-Case = Union[DepthCase, MinCase, ReadCase, LayersCase, PolicyCase]
+class PrefetchCase(NamedTuple):
+    line: int
+    env: PrefetchEnv
+    predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
+    mode: int
+    max_bytes: int     # 0 = no cap
+    n_threads: int
+    n_warnings: int
+
+
+Case = Union[DepthCase, MinCase, ReadCase, LayersCase, PolicyCase, PrefetchCase]
 
 
 class CaseFormatError(ValueError):
@@ -146,6 +156,11 @@ def _case(line: int, f: list[str]) -> Case:
         return PolicyCase(
             line, Env(*map(_string, f[1:8])), int(f[8]), int(f[9]), int(f[10]),
             MODES[f[11]], int(f[12]), _float32(f[13]), int(f[14]), int(f[15]), _flag(f[16]), _flag(f[17]), int(f[18]),
+        )
+    if kind == "prefetch" and n == 9:
+        return PrefetchCase(
+            line, PrefetchEnv(*map(_string, f[1:4])), MODES[f[4]],
+            PREFETCH_MODES[f[5]], int(f[6]), int(f[7]), int(f[8]),
         )
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")
 

@@ -3,31 +3,36 @@
 The parity tests call the C functions through it. The module is compiled once per
 source (the header, the .cpp, the declarations below, cffi and the Python ABI) into
 ``<cache>/cffi/<hash>/``, where the cache root is ``$ONEBIT_CACHE`` or
-``~/.cache/onebit-predict``; later runs load it from there.
+``~/.cache/onebit-predict``; later runs load it from there (``onebit_predict.cffi_build``,
+shared with the package's own C kernels).
+
+The prefetch consumer's declarations (``PREFETCH_CDEF``) are added only when the header
+declares ``onebit_prefetch_parse``, so a tree from before the consumer still builds the
+predictor's half; ``has_prefetch(lib)`` tells which one was built.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
-import os
-import sysconfig
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import cffi
-
+from onebit_predict.cffi_build import cache_root, load_cffi_module  # noqa: F401 (cache_root: re-exported)
 from onebit_predict.paths import NotBuiltError
 
-ENV_CACHE = "ONEBIT_CACHE"
 MODULE = "_onebit_policy_cffi"
 HEADER = "onebit-moe-policy.h"
 SOURCE = "onebit-moe-policy.cpp"
 PRELUDE = f'#include "{HEADER}"\n'
 COMPILE_ARGS = ["-std=c++17"]
+PREFETCH_SYMBOL = "onebit_prefetch_parse"
 CDEF = """
 #define ONEBIT_MAX_LAYERS ...
+
+enum onebit_mode {
+    ONEBIT_MODE_OFF    = 0,
+    ONEBIT_MODE_ROUTER = 1,
+    ONEBIT_MODE_BLOCK  = 2,
+};
 
 struct onebit_env {
     const char * mode;
@@ -59,10 +64,32 @@ int32_t onebit_effective_min(int32_t min_requested, int32_t depth, int32_t n_exp
 int32_t onebit_n_read(const float * logits, int32_t depth, float margin, int32_t min_read);
 int32_t onebit_parse_layers(const char * spec, int32_t n_layer, uint8_t * mask, char * warn, size_t warn_cap);
 """
+PREFETCH_CDEF = """
+enum onebit_prefetch_mode {
+    ONEBIT_PREFETCH_OFF    = 0,
+    ONEBIT_PREFETCH_ADVISE = 1,
+    ONEBIT_PREFETCH_READ   = 2,
+};
 
+#define ONEBIT_PREFETCH_THREADS_DEFAULT ...
+#define ONEBIT_PREFETCH_THREADS_MAX ...
+#define ONEBIT_PREFETCH_MAX_BYTES_LIMIT ...
 
-def cache_root() -> Path:
-    return Path(os.environ.get(ENV_CACHE) or Path.home() / ".cache" / "onebit-predict")
+struct onebit_prefetch_env {
+    const char * mode;
+    const char * max_bytes;
+    const char * threads;
+};
+
+struct onebit_prefetch_policy {
+    int32_t mode;
+    int32_t n_threads;
+    int64_t max_bytes;
+};
+
+int32_t onebit_prefetch_parse(const struct onebit_prefetch_env * env, int32_t predict_mode,
+                              struct onebit_prefetch_policy * out, char * warn, size_t warn_cap);
+"""
 
 
 def load_c_policy(src_dir: Path) -> tuple[Any, Any]:
@@ -71,26 +98,14 @@ def load_c_policy(src_dir: Path) -> tuple[Any, Any]:
     if not (header.is_file() and source.is_file()):
         raise NotBuiltError(f"{source} does not exist: {src_dir.parent} is not a patched llama.cpp tree")
 
-    ext_suffix = sysconfig.get_config_var("EXT_SUFFIX")
-    key = hashlib.sha256()
-    for part in (CDEF, PRELUDE, " ".join(COMPILE_ARGS), cffi.__version__, ext_suffix):
-        key.update(part.encode() + b"\0")
-    key.update(header.read_bytes() + b"\0" + source.read_bytes())
-    module_dir = cache_root() / "cffi" / key.hexdigest()[:16]
-    module_path = module_dir / (MODULE + ext_suffix)
+    header_bytes = header.read_bytes()
+    cdef = CDEF + (PREFETCH_CDEF if PREFETCH_SYMBOL.encode() in header_bytes else "")
+    return load_cffi_module(
+        MODULE, cdef, PRELUDE, sources=[source], depends=[header, source], include_dirs=[src_dir],
+        compile_args=COMPILE_ARGS, source_extension=".cpp",
+    )
 
-    if not module_path.is_file():
-        ffi = cffi.FFI()
-        ffi.cdef(CDEF)
-        ffi.set_source(
-            MODULE, PRELUDE, sources=[str(source)], source_extension=".cpp",
-            include_dirs=[str(src_dir)], extra_compile_args=COMPILE_ARGS,
-        )
-        module_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=module_dir) as tmp:
-            os.replace(ffi.compile(tmpdir=tmp), module_path)  # atomic: a concurrent run sees all or nothing
 
-    spec = importlib.util.spec_from_file_location(MODULE, module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.ffi, module.lib
+def has_prefetch(lib: Any) -> bool:
+    """Whether ``lib`` (from load_c_policy) has the prefetch consumer's ``onebit_prefetch_parse``."""
+    return hasattr(lib, PREFETCH_SYMBOL)

@@ -8,6 +8,14 @@ tok/s is reported as the median of the rounds with min and max, next to the rati
 "patched off" and the compute-buffer size llama.cpp reports when it reserves the graph.
 No absolute number is meant to be quoted alone: the ratios are the result.
 
+``--cold`` emulates a model whose experts do not fit in memory (onebit_predict/evict.py):
+before every decoded token the worker evicts the expert pages (MADV_PAGEOUT, or
+MADV_DONTNEED plus POSIX_FADV_DONTNEED, whichever works here; ``--evict-method``), with
+readahead off on them, so each token reads its experts from the drive. Only the decode
+calls are timed, not the eviction. The configurations are then the prefetch consumer off,
+advise and read, for router and block predictions, each writing a trace, and the table adds
+the consumer's counters and the prediction's read recall and precision from that trace.
+
 Exit codes: 0 ok, 1 a run failed, 2 usage or input error.
 """
 
@@ -26,7 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .constants import ENV_LAYERS, ENV_MODE, ENV_NO_ATTN, ENV_OUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from .constants import (
+    ENV_LAYERS, ENV_MODE, ENV_NO_ATTN, ENV_OUT, ENV_PREFETCH, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE,
+)
 from .paths import NotBuiltError, build_info, pristine_lib_dir
 from .policy import parse_layers
 
@@ -38,6 +48,7 @@ class Config:
     name: str
     env: dict[str, str]
     pristine: bool = False  # run on the unpatched pin's libllama
+    evict: bool = True  # --cold: evict the expert pages before every token (False: the warm reference)
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,7 @@ class Sample:
     tok_s: float
     compute_mib: float
     n_layer: int
+    resident_after_evict: float | None = None  # --cold: the most of the expert pages resident as a token started
 
 
 @dataclass(frozen=True)
@@ -71,6 +83,24 @@ def configs(trace_dir: Path, layers_subset: str) -> list[Config]:
     ]
 
 
+# read mode's workers may still be reading when a token ends; the bench evicts between tokens, so
+# each token waits for its own reads (timed) and no late read refills the next token's experts
+ENV_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
+EVICT_SETTLE_S = 0.02  # untimed wait before each eviction, for asynchronous readahead to finish
+
+
+def cold_configs(trace_dir: Path) -> list[Config]:
+    """--cold: the consumer off/advise/read for each predictor; every run writes a trace."""
+    out = [Config("patched off, warm", {ENV_OUT: str(trace_dir / "warm.bin")}, evict=False),
+           Config("patched off", {ENV_OUT: str(trace_dir / "off.bin")})]
+    for mode in ("router", "block"):
+        for consumer in ("off", "advise", "read"):
+            name = mode if consumer == "off" else f"{mode} + {consumer}"
+            out.append(Config(name, {ENV_MODE: mode, ENV_PREFETCH: consumer, ENV_DRAIN: "1",
+                                     ENV_OUT: str(trace_dir / f"{mode}-{consumer}.bin")}))
+    return out
+
+
 def _worker(args: argparse.Namespace) -> int:
     """One timed run in this process: prefill, then --generate single-token decodes."""
     os.environ["ONEBIT_VERBOSE"] = "1"  # the compute-buffer line is an info log
@@ -81,6 +111,16 @@ def _worker(args: argparse.Namespace) -> int:
 
     captured = io.StringIO()
     with Model(Path(args.model)) as model:
+        pages = None
+        if args.cold_method or args.detect:
+            from .evict import ExpertPages  # noqa: PLC0415
+
+            pages = ExpertPages(Path(args.model))
+            pages.random_access()
+            if args.detect:
+                method, notes = pages.detect()
+                print(json.dumps({"method": method, "notes": notes, "expert_bytes": pages.nbytes}))
+                return EXIT_OK
         toks = builtin_tokens(args.prompt + args.generate, model.n_vocab, 0)
         settings = ContextSettings(n_ctx=args.prompt + args.generate + 8, n_batch=args.prompt, n_ubatch=args.prompt,
                                    n_threads=args.threads)
@@ -89,25 +129,37 @@ def _worker(args: argparse.Namespace) -> int:
         with ctx:
             n = args.prompt
             ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
-            t0 = time.perf_counter()
+            elapsed = 0.0
+            left = 0.0 if pages is not None else None
             for i in range(args.generate):
+                if pages is not None:
+                    # reads still in flight (madvise readahead) land before the eviction, not after it
+                    time.sleep(EVICT_SETTLE_S)
+                    pages.evict(args.cold_method)
+                    left = max(left, pages.resident_fraction())
+                t0 = time.perf_counter()
                 ctx.decode([toks[n + i]], [n + i], [0], [True])
-            elapsed = time.perf_counter() - t0
+                elapsed += time.perf_counter() - t0
+            if pages is not None:
+                pages.close()
     mib = sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(captured.getvalue()))
-    print(json.dumps({"tok_s": args.generate / elapsed, "compute_mib": mib, "n_layer": model.n_layer}))
+    print(json.dumps({"tok_s": args.generate / elapsed, "compute_mib": mib, "n_layer": model.n_layer,
+                      "resident_after_evict": left}))
     return EXIT_OK
 
 
 def _run_one(model: Path, cfg: Config, lib_dir: Path, args: argparse.Namespace) -> Sample:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ONEBIT_MOE_PREDICT")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEBIT_MOE_PREDICT", "ONEBIT_MOE_PREFETCH"))}
     env["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
     cmd = [sys.executable, "-m", "onebit_predict.bench", "--worker", str(model), "--env", json.dumps(cfg.env),
            "--prompt", str(args.prompt), "--generate", str(args.generate), "--threads", str(args.threads)]
+    if args.cold_method and cfg.evict:
+        cmd += ["--cold-method", args.cold_method]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{cfg.name}: the worker failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return Sample(out["tok_s"], out["compute_mib"], out["n_layer"])
+    return Sample(out["tok_s"], out["compute_mib"], out["n_layer"], out.get("resident_after_evict"))
 
 
 def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path | None,
@@ -133,6 +185,85 @@ def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path |
     return rows
 
 
+@dataclass(frozen=True)
+class ColdRow:
+    """--cold: one configuration's decode speed with the experts on the drive, and what its trace shows."""
+
+    name: str
+    median_tok_s: float
+    min_tok_s: float
+    max_tok_s: float
+    ratio_to_off: float
+    resident_after_evict: float | None  # the most of the expert pages resident as a token started (None: warm)
+    read_recall: float | None  # of the prediction, over the decode rows (onebit-stats)
+    precision: float | None
+    prefetched_experts: int  # the consumer's totals (0 without a consumer)
+    prefetched_bytes: int
+    already_resident_bytes: int
+    failed_ranges: int
+    dropped_bytes: int
+
+
+def _trace_figures(path: Path) -> tuple[float | None, float | None, int, int, int, int, int]:
+    from .stats import compute_stats  # noqa: PLC0415
+    from .trace import Trace  # noqa: PLC0415
+
+    trace = Trace.open(path)
+    metrics = compute_stats(trace).total.metrics()
+    t = trace.header.prefetch_totals
+    pf = (t.experts, t.bytes, t.resident_bytes, t.failed, t.dropped_bytes) if t else (0, 0, 0, 0, 0)
+    return (metrics["read_recall"], metrics["precision"], *pf)
+
+
+def measure_cold(model: Path, cfgs: Sequence[Config], lib: Path, args: argparse.Namespace) -> list[ColdRow]:
+    samples: dict[str, list[Sample]] = {c.name: [] for c in cfgs}
+    for rnd in range(args.rounds):
+        order = list(cfgs) if rnd % 2 == 0 else list(reversed(cfgs))
+        for cfg in order:
+            samples[cfg.name].append(_run_one(model, cfg, lib, args))
+            print(f"onebit-bench: cold round {rnd + 1}/{args.rounds} {cfg.name}: "
+                  f"{samples[cfg.name][-1].tok_s:.1f} tok/s", file=sys.stderr)
+    off = statistics.median(s.tok_s for s in samples["patched off"])
+    rows = []
+    for cfg in cfgs:
+        toks = [s.tok_s for s in samples[cfg.name]]
+        left = max(s.resident_after_evict or 0.0 for s in samples[cfg.name]) if cfg.evict else None
+        # the trace of the last round; every round runs the same tokens
+        figures = _trace_figures(Path(cfg.env[ENV_OUT]))
+        rows.append(ColdRow(cfg.name, statistics.median(toks), min(toks), max(toks), statistics.median(toks) / off,
+                            left, *figures))
+    return rows
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def markdown_cold(rows: Sequence[ColdRow], header: str) -> str:
+    lines = [header, "", "| configuration | decode tok/s (median) | min | max | vs patched off | expert pages "
+             "resident at token start (max) | read recall | precision | experts prefetched | MiB prefetched "
+             "| of it resident already | failed | dropped by cap |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.median_tok_s:.1f} | {r.min_tok_s:.1f} | {r.max_tok_s:.1f} | "
+                     f"{r.ratio_to_off:.3f} | {_pct(r.resident_after_evict)} | {_pct(r.read_recall)} | {_pct(r.precision)} | {r.prefetched_experts} | "
+                     f"{r.prefetched_bytes / 2**20:.2f} | {r.already_resident_bytes / 2**20:.2f} | {r.failed_ranges} | "
+                     f"{r.dropped_bytes} |")
+    return "\n".join(lines)
+
+
+def detect_eviction(model: Path, lib: Path, args: argparse.Namespace) -> tuple[str, list[str], int]:
+    """(method, what each method did, expert bytes) from a worker that maps the model."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEBIT_MOE_PREDICT", "ONEBIT_MOE_PREFETCH"))}
+    env["LLAMA_CPP_LIB_PATH"] = str(lib)
+    cmd = [sys.executable, "-m", "onebit_predict.bench", "--worker", "--detect", str(model)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"eviction check failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out["method"], out["notes"], out["expert_bytes"]
+
+
 def markdown(rows: Sequence[Row], header: str) -> str:
     lines = [header, "", "| configuration | decode tok/s (median) | min | max | vs patched off | compute buffer MiB "
              "| layers predicted | extra MiB per predicted layer |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -151,8 +282,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--generate", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", default="1-2", help="the _LAYERS subset of the last configuration")
+    p.add_argument("--cold", action="store_true",
+                   help="evict the expert pages before every decoded token and compare the prefetch consumer's modes")
+    p.add_argument("--evict-method", choices=("auto", "pageout", "dontneed"), default="auto",
+                   help="--cold: how to evict (auto: the first that works on this machine)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--detect", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cold-method", default=None, help=argparse.SUPPRESS)
     p.add_argument("--env", default="{}", help=argparse.SUPPRESS)
     return p
 
@@ -172,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NotBuiltError as exc:
         print(f"onebit-bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.cold:
+        return _main_cold(args, info.lib_dir)
     pristine = pristine_lib_dir()
     with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
         cfgs = configs(Path(tmp), args.layers)
@@ -190,6 +329,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(markdown(rows, f"model {args.model.name}, {args.rounds} alternating rounds, prompt {args.prompt}, "
                              f"{args.generate} decoded tokens, {args.threads} threads"))
+    return EXIT_OK
+
+
+def _main_cold(args: argparse.Namespace, lib: Path) -> int:
+    from .drive import DriveError, measure_drive  # noqa: PLC0415
+
+    try:
+        method, notes, expert_bytes = detect_eviction(args.model, lib, args)
+        drive = measure_drive(args.model.resolve().parent)
+    except (RuntimeError, DriveError) as exc:
+        print(f"onebit-bench: {exc}", file=sys.stderr)
+        return EXIT_CHECK_FAILED
+    print(f"onebit-bench: drive under {drive.directory}: {drive.bandwidth_mb_s:.0f} MB/s sequential, "
+          f"{drive.page_read_us:.0f} us per random 4 KiB read", file=sys.stderr)
+    for note in notes:
+        print(f"onebit-bench: eviction {note}", file=sys.stderr)
+    if args.evict_method != "auto":
+        method = args.evict_method
+    args.cold_method = method
+    with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
+        try:
+            rows = measure_cold(args.model, cold_configs(Path(tmp)), lib, args)
+        except RuntimeError as exc:
+            print(f"onebit-bench: {exc}", file=sys.stderr)
+            return EXIT_CHECK_FAILED
+    if args.json:
+        print(json.dumps({"model": str(args.model), "cold": True, "evict_method": method, "eviction_notes": notes,
+                          "expert_bytes": expert_bytes, "drive": asdict(drive), "rounds": args.rounds, "prompt": args.prompt,
+                          "generate": args.generate, "threads": args.threads,
+                          "rows": [asdict(r) for r in rows]}, indent=2))
+    else:
+        print(markdown_cold(rows, f"model {args.model.name}, experts evicted before every token ({method}; "
+                                  f"{expert_bytes / 2**20:.2f} MiB of expert weights), {args.rounds} alternating "
+                                  f"rounds, prompt {args.prompt}, {args.generate} decoded tokens, "
+                                  f"{args.threads} threads; drive {drive.bandwidth_mb_s:.0f} MB/s sequential, "
+                                  f"{drive.page_read_us:.0f} us per random 4 KiB read"))
     return EXIT_OK
 
 

@@ -1,11 +1,13 @@
 """The off-vs-predictor bit-identity check.
 
 Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router and
-block, in several scenarios (multi-ubatch prefill then single-token decode; two sequences
+block, and with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
+``PREDICTOR[+CONSUMER]``), in several scenarios (multi-ubatch prefill then single-token decode; two sequences
 in one batch; a state save and restore in the middle; flash attention on and off; 1 and 2
 threads), and compares every logits row as bytes, never with a tolerance. A predictor run
 passes only if it also predicted: its trace must hold a PREDICTED record for every routed
-row of every predicted layer, so a check that silently predicted nothing cannot pass.
+row of every predicted layer, so a check that silently predicted nothing cannot pass; with a
+consumer, the trace must also show that it ran, issued reads and had no failure.
 """
 
 from __future__ import annotations
@@ -17,12 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from .constants import ENV_MODE, ENV_OUT, MODE_NAMES, TRACE_FLAG_PREDICTED
+from .constants import ENV_MODE, ENV_OUT, ENV_PREFETCH, MODE_NAMES, PREFETCH_NAMES, TRACE_FLAG_PREDICTED
 from .runner import Context, ContextSettings, Model, builtin_tokens
 from .trace import Trace
 
 ENV_DEBUG_LEAK = "ONEBIT_MOE_PREDICT_DEBUG_LEAK"
-MODES = ("router", "block")
+PREDICTORS = ("router", "block")
+CONSUMERS = tuple(name for name in PREFETCH_NAMES.values() if name != "off")
+# every predictor and every consumer at least once; any PREDICTOR+CONSUMER pair is accepted
+MODES = ("router", "block", "router+advise", "block+read")
 N_PREFILL = 24
 N_DECODE = 16
 
@@ -121,9 +126,18 @@ FEEDS: dict[str, Callable[[Context, RunOutput, list[int]], None]] = {
 }
 
 
+def split_mode(mode: str) -> tuple[str, str | None]:
+    """``block+read`` -> ("block", "read"); ``router`` -> ("router", None). ValueError if unknown."""
+    predictor, _, consumer = mode.partition("+")
+    if predictor not in PREDICTORS + ("off",) or (consumer and (consumer not in CONSUMERS or predictor == "off")):
+        raise ValueError(mode)
+    return predictor, consumer or None
+
+
 def run_once(model: Model, scenario: Scenario, mode: str, trace: Path | None, leak: bool, seed: int) -> RunOutput:
     """Feed the scenario's tokens through one fresh context with the given mode."""
-    env: dict[str, str | None] = {ENV_MODE: mode, ENV_OUT: str(trace) if trace else None,
+    predictor, consumer = split_mode(mode)
+    env: dict[str, str | None] = {ENV_MODE: predictor, ENV_PREFETCH: consumer, ENV_OUT: str(trace) if trace else None,
                                   ENV_DEBUG_LEAK: "1" if leak else None}
     toks = builtin_tokens(2 * N_PREFILL + 2 * N_DECODE, model.n_vocab, seed)
     out = RunOutput()
@@ -145,12 +159,27 @@ def first_mismatch(a: list[bytes], b: list[bytes]) -> Mismatch | None:
     return None
 
 
-def prediction_problem(path: Path, n_routed: int) -> tuple[int, str | None, str]:
+def consumer_problem(trace: Trace, consumer: str) -> str | None:
+    """Why the trace does not show the consumer at work, or None."""
+    h = trace.header
+    if h.prefetch_name != consumer:
+        return f"ONEBIT_MOE_PREFETCH={consumer} was asked for, the trace records {h.prefetch_name}"
+    t = h.prefetch_totals
+    if t is None:
+        return "the trace holds no prefetch totals (the context was not freed cleanly)"
+    if t.experts == 0:
+        return "the prefetch consumer issued nothing"
+    if t.failed:
+        return f"the prefetch consumer had {t.failed} failed range(s) (errno, ranges: {t.errors})"
+    return None
+
+
+def prediction_problem(path: Path, n_routed: int, consumer: str | None = None) -> tuple[int, str | None, str]:
     """(PREDICTED records, why the trace proves too little or None, the mode it ran) for a
     run of n_routed rows.
 
     Every predicted layer that routes (a MoE layer) must hold exactly n_routed records, all
-    PREDICTED; at least one such layer must exist.
+    PREDICTED; at least one such layer must exist. With a consumer, consumer_problem too.
     """
     trace = Trace.open(path)
     n_layer = trace.header.n_layer
@@ -163,6 +192,11 @@ def prediction_problem(path: Path, n_routed: int) -> tuple[int, str | None, str]
     layers = [il for il in sorted(trace.header.layer_mask) if il < n_layer and records[il] > 0]
     total = int(predicted.sum())
     ran = MODE_NAMES.get(trace.header.mode, "?")
+    if consumer is not None:
+        ran += "+" + trace.header.prefetch_name
+        problem = consumer_problem(trace, consumer)
+        if problem is not None:
+            return total, problem, ran
     if not layers:
         return total, "the trace holds no record of a predicted layer: nothing was predicted", ran
     for il in layers:
@@ -183,7 +217,7 @@ def check_model(model: Model, scenarios: Sequence[Scenario] = SCENARIOS, modes: 
             for mode in modes:
                 path = traces / f"{sc.name.replace(' ', '_').replace('+', '_')}-{mode}.bin"
                 out = run_once(model, sc, mode, path, leak and mode == "block", seed)
-                predicted, problem, ran = prediction_problem(path, out.n_routed)
+                predicted, problem, ran = prediction_problem(path, out.n_routed, split_mode(mode)[1])
                 mismatch = first_mismatch(ref.rows, out.rows)
                 results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))
     return results

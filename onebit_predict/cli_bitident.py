@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Sequence
 
-from .bitident import MODES, SCENARIOS, ModeResult, check_model
+from .bitident import MODES, SCENARIOS, ModeResult, check_model, split_mode
 from .constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from .paths import NotBuiltError
 from .runner import Model, RunError
@@ -25,7 +25,9 @@ from .runner import Model, RunError
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="onebit-bitident", description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path)
-    p.add_argument("--modes", default=",".join(MODES), help="comma-separated predictor modes to compare with off")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="comma-separated modes to compare with off: router or block, optionally +advise or +read "
+                        "(the prefetch consumer)")
     p.add_argument("--scenarios", default="all",
                    help="comma-separated scenario names, or all: " + ", ".join(s.name for s in SCENARIOS))
     p.add_argument("--seed", type=int, default=0, help="seed of the token stream")
@@ -51,8 +53,12 @@ def _line(r: ModeResult) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not modes or any(m not in MODES for m in modes):
-        print(f"onebit-bitident: --modes must list {' and/or '.join(MODES)}", file=sys.stderr)
+    try:
+        if not modes or any(split_mode(m)[0] == "off" for m in modes):
+            raise ValueError(args.modes)
+    except ValueError:
+        print(f"onebit-bitident: --modes must list modes like {', '.join(MODES)} (PREDICTOR[+CONSUMER])",
+              file=sys.stderr)
         return EXIT_USAGE
     by_name = {s.name: s for s in SCENARIOS}
     names = list(by_name) if args.scenarios == "all" else [n.strip() for n in args.scenarios.split(",")]

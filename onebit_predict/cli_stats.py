@@ -4,6 +4,8 @@
 ``onebit-stats A B ...`` puts the traces side by side (read recall and slot recall per
 trace, the previous-token baseline once) after checking that their actual routing agrees.
 ``--json`` and ``--csv`` write the same numbers to stdout; logs go to stderr.
+``onebit-stats replay ...`` and ``onebit-stats simulate ...`` (a first argument of exactly
+that word) run onebit_predict.cli_replay and onebit_predict.cli_simulate instead.
 
 Exit codes: 0 ok; 1 the consistency control found issues, or the traces' actual routing
 disagrees (without ``--force``); 2 usage or input error (missing file, bad header, bad
@@ -17,13 +19,16 @@ import csv
 import dataclasses
 import json
 import logging
-import os
 import math
 import sys
 from collections.abc import Sequence
 
-from .constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from .constants import (
+    EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, SIM_SUBCOMMANDS, STATS_ENGINE_C, STATS_ENGINES,
+)
+from .cli_common import run_command
 from .stats import METRICS, LayerCounts, TraceStats, compare_routing, compute_stats
+from .stats_kernel import StatsKernelError
 from .trace import Trace, TraceError, TraceHeader
 
 logger = logging.getLogger("onebit_predict")
@@ -81,7 +86,27 @@ def _summary(trace: Trace) -> str:
         f"arch {h.arch or '?'} | model {h.model or '?'} | mode {h.mode_name}{' (no attn)' if h.no_attn else ''}"
         f" | depth {h.depth} | margin {margin} | min_read {h.min_read}"
         f" | n_expert {h.n_expert} | n_used {h.n_expert_used}"
+        f"{_prefetch_summary(h)}"
     )
+
+
+def _prefetch_summary(h: TraceHeader) -> str:
+    """The prefetch consumer's line, or nothing when it was off."""
+    if h.prefetch_mode == 0:
+        return ""
+    cap = f"{h.prefetch_max_bytes} bytes/token" if h.prefetch_max_bytes else "none"
+    line = f"\nprefetch {h.prefetch_name} | cap {cap}"
+    if h.prefetch_name == "read":
+        line += f" | {h.prefetch_threads} workers"
+    t = h.prefetch_totals
+    if t is None:
+        return line + " | totals unknown (the context was not freed cleanly)"
+    line += (f" | {t.experts} experts, {t.ranges} ranges, {t.bytes} bytes issued"
+             f" | {t.resident_bytes} bytes already resident | {t.dropped_bytes} bytes dropped by the cap")
+    if h.prefetch_name == "read":
+        line += f" | {t.touched_bytes} bytes touched | {t.queue_full} ranges not queued"
+    errors = ", ".join(f"errno {e} x{n}" for e, n in t.errors)
+    return line + (f" | {t.failed} ranges FAILED ({errors})" if t.failed else " | no failures")
 
 
 def _render_one(trace: Trace, st: TraceStats) -> str:
@@ -120,6 +145,8 @@ def _header_dict(h: TraceHeader) -> dict:
         layer_mask=sorted(h.layer_mask),
         no_attn=h.no_attn,
         stats=h.stats,
+        prefetch_mode=h.prefetch_name,
+        prefetch_totals=None if h.prefetch_totals is None else h.prefetch_totals._asdict(),
     )
     return d
 
@@ -155,7 +182,10 @@ def _csv(traces: list[Trace], stats: list[TraceStats]) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="onebit-stats",
-        description="Per-layer hit rates of P/A traces (docs/trace-format.md), with a consistency control.",
+        description="Per-layer hit rates of P/A traces (docs/trace-format.md), with a consistency control. "
+                    "Subcommands: 'onebit-stats replay TRACE --slots N ...' (expert-cache hit rates) and "
+                    "'onebit-stats simulate TRACE ...' (decode-time model, docs/cost-model.md), see their --help; "
+                    "a trace file named replay or simulate is given as ./replay.",
         epilog="exit codes: 0 ok, 1 consistency check failed, 2 usage or input error",
     )
     p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files written with ONEBIT_MOE_PREDICT_OUT")
@@ -164,6 +194,8 @@ def _parser() -> argparse.ArgumentParser:
     out.add_argument("--csv", action="store_true", help="write CSV to stdout")
     p.add_argument("--layers", type=parse_layers, metavar="LIST", help="only these layers, e.g. 1,3-5")
     p.add_argument("--force", action="store_true", help="compare traces whose actual routing disagrees")
+    p.add_argument("--engine", choices=STATS_ENGINES, default=STATS_ENGINE_C,
+                   help="c: the compiled kernel (default, built once with cffi); numpy: the slower reference")
     return p
 
 
@@ -179,7 +211,11 @@ def _run(args: argparse.Namespace) -> int:
             if beyond:
                 logger.error("--layers %s: %s has layers 0..%d", beyond, t.path, t.header.n_layer - 1)
                 return EXIT_USAGE
-    stats = [compute_stats(t) for t in traces]
+    try:
+        stats = [compute_stats(t, engine=args.engine) for t in traces]
+    except StatsKernelError as e:
+        logger.error("%s (--engine numpy needs no compiler)", e)
+        return EXIT_USAGE
     if args.layers is not None:
         stats = [st.select(args.layers) for st in stats]
 
@@ -207,27 +243,20 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``onebit-stats``; return the exit code."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("onebit-stats: %(levelname)s: %(message)s"))
-    logger.addHandler(handler)
-    propagate, level = logger.propagate, logger.level
-    logger.propagate = False
-    logger.setLevel(logging.INFO)
-    try:
-        try:
-            args = _parser().parse_args(argv)
-        except SystemExit as e:  # argparse: --help (0) or a usage error (2)
-            return EXIT_OK if e.code in (0, None) else EXIT_USAGE
-        try:
-            return _run(args)
-        except BrokenPipeError:  # the reader (head, less) left: not an error of ours
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return EXIT_OK
-    finally:
-        logger.removeHandler(handler)
-        logger.propagate = propagate
-        logger.setLevel(level)
+    """Run ``onebit-stats``; return the exit code.
+
+    A first argument of exactly ``replay`` or ``simulate`` runs that subcommand
+    (onebit_predict.cli_replay, onebit_predict.cli_simulate); a trace file of that name is
+    given as ``./replay``.
+    """
+    args_in = sys.argv[1:] if argv is None else list(argv)
+    if args_in and args_in[0] in SIM_SUBCOMMANDS:
+        if args_in[0] == "replay":
+            from .cli_replay import main as sub_main
+        else:
+            from .cli_simulate import main as sub_main
+        return sub_main(args_in[1:])
+    return run_command("onebit-stats", _parser(), _run, args_in)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,24 @@ MODE_NAMES = {MODE_OFF: "off", MODE_ROUTER: "router", MODE_BLOCK: "block"}
 
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS, and the width of the trace's layer mask
 
+# the prefetch consumer (docs/policy.md, "The prefetch consumer")
+ENV_PREFETCH = "ONEBIT_MOE_PREFETCH"
+ENV_PREFETCH_MAX_BYTES = "ONEBIT_MOE_PREFETCH_MAX_BYTES"
+ENV_PREFETCH_THREADS = "ONEBIT_MOE_PREFETCH_THREADS"
+
+PREFETCH_OFF = 0
+PREFETCH_ADVISE = 1  # madvise(MADV_WILLNEED) on the predicted experts' pages
+PREFETCH_READ = 2    # background workers touch those pages
+PREFETCH_NAMES = {PREFETCH_OFF: "off", PREFETCH_ADVISE: "advise", PREFETCH_READ: "read"}
+
+PREFETCH_THREADS_DEFAULT = 2
+PREFETCH_THREADS_MAX = 16
+PREFETCH_MAX_BYTES_LIMIT = 1 << 40  # 1 TiB: larger caps are a typo
+
 # --- trace (docs/trace-format.md) -------------------------------------------------------
 TRACE_MAGIC = b"OBMPTRC\x00"
-TRACE_VERSION = 1
+TRACE_VERSION = 2  # what this package writes; 2 added the prefetch consumer's fields
+TRACE_VERSIONS_READ = (1, 2)  # what it reads (1: the prefetch fields are absent)
 TRACE_HEADER_SIZE = 512
 TRACE_RECORD_FIXED = 20  # bytes before the per-expert arrays
 TRACE_FLAG_PREDICTED = 1 << 0
@@ -33,11 +48,31 @@ TRACE_FLAG_DECODE = 1 << 1
 TRACE_HDR_FLAG_NO_ATTN = 1 << 0
 TRACE_HDR_FLAG_STATS = 1 << 1
 TRACE_HDR_FLAG_DEBUG_SELF = 1 << 2
+TRACE_HDR_FLAG_PREFETCH_TOTALS = 1 << 3  # the consumer's totals were written (a clean close)
 TRACE_ARCH_BYTES = 32  # NUL-padded
 TRACE_MODEL_BYTES = 256  # NUL-padded, at most 255 bytes of text
 TRACE_CHUNK_RECORDS = 1 << 14  # records a reader holds at once (bounded memory)
+
+# --- onebit-stats (onebit_predict/stats.py) ---------------------------------------------
+STATS_ENGINE_C = "c"  # the compiled kernel (onebit_predict/stats_kernel.c): the default
+STATS_ENGINE_NUMPY = "numpy"  # whole-array numpy passes: the reference, chosen explicitly
+STATS_ENGINES = (STATS_ENGINE_C, STATS_ENGINE_NUMPY)
+
+# --- the cache of built artefacts (build.sh, cffi modules) ------------------------------
+ENV_CACHE = "ONEBIT_CACHE"  # the cache root; default ~/CACHE_DIR_DEFAULT
+CACHE_DIR_DEFAULT = ".cache/onebit-predict"
 
 # --- command exit codes (as llama.cpp tools) --------------------------------------------
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
+
+# --- replay and simulate (docs/cost-model.md) -------------------------------------------
+REPLAY_POLICIES = ("lru", "lfru", "belady")
+REPLAY_PREFETCH_MODES = ("none", "trace", "protect")  # trace: charged prefetch; protect: free eviction hint
+LFRU_WINDOW_DEFAULT = 32  # tokens of a layer over which LFRU counts an expert's uses
+SIM_LATENCY_US_DEFAULT = 100.0  # per-read latency of the drive (NVMe random read, order of magnitude)
+SIM_QUEUE_DEPTH_DEFAULT = 4  # reads the drive has in service at once (their latencies overlap)
+SIM_ROUTE_AT_DEFAULT = 0.3  # fraction of a layer's compute done before its router (attention, norms)
+SIM_PLOT_BANDWIDTHS = (0.5e9, 1e9, 2e9, 3e9, 5e9, 7e9, 10e9, 14e9, 20e9)  # bytes/s of the tok/s sweep
+SIM_SUBCOMMANDS = ("replay", "simulate")  # onebit-stats SUB ...: dispatched on the first argument

@@ -1,10 +1,13 @@
 """The ONEBIT_MOE_PREDICT environment policy, the exact twin of llama.cpp's C++ one.
 
+It covers the predictor (``parse_policy``) and the prefetch consumer (``parse_prefetch``,
+ONEBIT_MOE_PREFETCH*), as ``onebit_policy_parse`` and ``onebit_prefetch_parse`` do in C.
+
 ``src/onebit-moe-policy.cpp`` in the patched tree parses the environment when a context is
 created; this module makes the same decisions and the same warnings, byte for byte, so
 the sidecar can tell what a run did from its environment alone. The grammar, resolution
-and warning texts are specified in docs/policy.md; tests/test_policy_parity.py holds the
-two implementations to the same answers through cffi.
+and warning texts are specified in docs/policy.md; tests/test_policy_parity.py and
+tests/test_prefetch_policy.py hold the two implementations to the same answers through cffi.
 
 Only ASCII counts: whitespace is `` \\t\\n\\r\\f\\v``, digits are ``0-9``, letters are
 lower-cased ASCII only (``str.strip``, ``str.isdigit`` and ``str.lower`` are all wider).
@@ -21,8 +24,9 @@ from typing import Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 
 from .constants import (
-    ENV_DEPTH, ENV_LAYERS, ENV_MARGIN, ENV_MIN, ENV_MODE, ENV_NO_ATTN, ENV_STATS,
-    MAX_LAYERS, MODE_NAMES, MODE_OFF,
+    ENV_DEPTH, ENV_LAYERS, ENV_MARGIN, ENV_MIN, ENV_MODE, ENV_NO_ATTN, ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_THREADS, ENV_STATS, MAX_LAYERS, MODE_NAMES, MODE_OFF, PREFETCH_MAX_BYTES_LIMIT, PREFETCH_NAMES,
+    PREFETCH_OFF, PREFETCH_THREADS_DEFAULT, PREFETCH_THREADS_MAX,
 )
 
 ASCII_SPACE = " \t\n\r\f\v"
@@ -31,6 +35,9 @@ MAX_DIGITS = 9  # 1..9 digits always fit an int32
 BOOL_TRUE = ("1", "true", "yes", "on")
 BOOL_FALSE = ("0", "false", "no", "off")
 MODES = {name: mode for mode, name in MODE_NAMES.items()}
+PREFETCH_MODES = {name: mode for mode, name in PREFETCH_NAMES.items()}
+MAX_BYTE_DIGITS = 12  # 12 digits times 2^30 still fits an int64 in C
+BYTE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 
 
 class Env(NamedTuple):
@@ -277,3 +284,94 @@ def parse_policy(env: Env, n_layer: int, n_expert: int, n_expert_used: int) -> t
         layer_mask=layer_mask,
     )
     return policy, warnings
+
+
+class PrefetchEnv(NamedTuple):
+    """The prefetch consumer's raw environment, one string per knob; None when unset."""
+
+    mode: Optional[str] = None       # ONEBIT_MOE_PREFETCH
+    max_bytes: Optional[str] = None  # ONEBIT_MOE_PREFETCH_MAX_BYTES
+    threads: Optional[str] = None    # ONEBIT_MOE_PREFETCH_THREADS
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> PrefetchEnv:
+        names = (ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES, ENV_PREFETCH_THREADS)
+        return cls(*(environ.get(name) for name in names))
+
+
+@dataclass(frozen=True)
+class PrefetchPolicy:
+    """The prefetch consumer as parsed (C ``struct onebit_prefetch_policy``)."""
+
+    mode: int       # PREFETCH_OFF, PREFETCH_ADVISE or PREFETCH_READ
+    n_threads: int  # read-mode workers, in [1, PREFETCH_THREADS_MAX]
+    max_bytes: int  # cap on speculative bytes per token of a ubatch, 0 = no cap
+
+
+def _parse_prefetch_mode(raw: Optional[str], warnings: list[str]) -> int:
+    t = _lower_ascii(_trim(raw))
+    if not t:
+        return PREFETCH_OFF
+    if t in PREFETCH_MODES:
+        return PREFETCH_MODES[t]
+    warnings.append(f"{ENV_PREFETCH}='{raw}' is not one of off|advise|read; using off")
+    return PREFETCH_OFF
+
+
+def _parse_byte_count(t: str) -> Optional[int]:
+    """1..12 ASCII digits, then an optional k|m|g|kib|mib|gib (t is already lower-cased); at most 1 TiB."""
+    n = _count_digits(t, 0)
+    if not 1 <= n <= MAX_BYTE_DIGITS:
+        return None
+    unit = BYTE_UNITS.get(t[n:])
+    if unit is None:
+        return None
+    v = int(t[:n])
+    if v > PREFETCH_MAX_BYTES_LIMIT // unit:
+        return None
+    return v * unit
+
+
+def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, list[str]]:
+    """Parse the prefetch consumer's knobs (onebit_prefetch_parse in C); predict_mode is the parsed
+    ONEBIT_MOE_PREDICT, since a consumer needs a predictor. The warnings come in C's order."""
+    warnings: list[str] = []
+    mode = _parse_prefetch_mode(env.mode, warnings)
+    if mode != PREFETCH_OFF and predict_mode == MODE_OFF:
+        warnings.append(
+            f"{ENV_PREFETCH}={PREFETCH_NAMES[mode]} needs {ENV_MODE}=router or block; using off"
+        )
+        mode = PREFETCH_OFF
+
+    max_bytes = 0
+    t = _lower_ascii(_trim(env.max_bytes))
+    if t:
+        v = _parse_byte_count(t)
+        if v is None:
+            warnings.append(
+                f"{ENV_PREFETCH_MAX_BYTES}='{env.max_bytes}' is not a byte count "
+                "(N, Nk, Nm or Ng, at most 1 TiB); no cap"
+            )
+        else:
+            max_bytes = v
+
+    n_threads = PREFETCH_THREADS_DEFAULT
+    t = _trim(env.threads)
+    if t:
+        v = _parse_uint(t)
+        if v is None:
+            warnings.append(
+                f"{ENV_PREFETCH_THREADS}='{env.threads}' is not a non-negative integer; "
+                f"using {PREFETCH_THREADS_DEFAULT}"
+            )
+        elif v == 0:
+            warnings.append(f"{ENV_PREFETCH_THREADS}=0 must be at least 1; using {PREFETCH_THREADS_DEFAULT}")
+        elif v > PREFETCH_THREADS_MAX:
+            warnings.append(
+                f"{ENV_PREFETCH_THREADS}={v} exceeds {PREFETCH_THREADS_MAX}; clamped to {PREFETCH_THREADS_MAX}"
+            )
+            n_threads = PREFETCH_THREADS_MAX
+        else:
+            n_threads = v
+
+    return PrefetchPolicy(mode=mode, n_threads=n_threads, max_bytes=max_bytes), warnings

@@ -73,12 +73,14 @@ class ContextSettings:
 class Model:
     """A GGUF loaded on the CPU."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, use_mmap: bool = True) -> None:
         lib = llama()
         if not path.is_file():
             raise RunError(f"{path}: no such file")
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
+        if not use_mmap:
+            params.load_mode = lib.LLAMA_LOAD_MODE_NONE  # read into memory (llama.cpp's --no-mmap)
         self.ptr = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise RunError(f"{path}: llama.cpp could not load this model (run with ONEBIT_VERBOSE=1 for its log)")

@@ -19,8 +19,12 @@ at pos - 1 of the same sequence.
 - a ratio whose denominator is zero is ``None`` (printed ``-``): nothing was scored.
   ``wasted_per_useful`` is also ``None`` when reads were made but none was useful.
 
-Everything is computed with numpy chunk by chunk: per-layer counters, plus the last record
-of each (seq_id, layer) carried from one chunk to the next for the baseline.
+Everything is computed chunk by chunk, in bounded memory: per-layer counters, plus the last
+record of each (seq_id, layer) carried from one chunk to the next for the baseline. Two
+engines compute the same numbers (the tests hold them to it): ``c`` (the default), a
+compiled kernel (``stats_kernel.c``, built once through cffi) that scores each record in
+one pass; and ``numpy``, whole-array numpy passes per chunk, the reference, several times
+slower. There is no fallback from one to the other: ``engine`` chooses.
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ from itertools import count
 
 import numpy as np
 
-from .constants import MODE_OFF, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from .constants import (
+    MODE_OFF, STATS_ENGINE_C, STATS_ENGINE_NUMPY, STATS_ENGINES, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE,
+    TRACE_FLAG_PREDICTED,
+)
 from .policy import n_read_rows
+from .stats_kernel import FLOAT_COUNTERS, INT_COUNTERS, ISSUE_COUNTERS, StatsKernel
 from .trace import Trace, TraceHeader
 
 
@@ -243,14 +251,11 @@ def _score(h: TraceHeader, rec: dict[str, np.ndarray], last: dict[str, np.ndarra
     return {**{k: key[k][keep] for k in _KEYS}, "actual_ids": actual[keep]}
 
 
-def compute_stats(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS) -> TraceStats:
-    """Score every layer of ``trace`` and run the control, reading ``records_per_chunk`` at a time."""
+def _sums_numpy(trace: Trace, records_per_chunk: int, predictable: np.ndarray,
+                found: Counter[str]) -> dict[str, np.ndarray]:
+    """The numpy engine: per-layer sums of every LayerCounts field; the control into ``found``."""
     h = trace.header
-    names = [f.name for f in fields(LayerCounts)]
-    sums = {name: np.zeros(h.n_layer) for name in names}
-    found: Counter[str] = Counter()
-    predictable = np.zeros(1 << 16, dtype=bool)  # by layer (u16): in the header's layer mask
-    predictable[sorted(h.layer_mask)] = True
+    sums = {f.name: np.zeros(h.n_layer) for f in fields(LayerCounts)}
     last = {k: np.empty(0, dtype=h.dtype[k]) for k in _KEYS}
     last["actual_ids"] = np.empty((0, h.n_expert_used), dtype=np.int32)
     for chunk in trace.iter_chunks(records_per_chunk):
@@ -260,6 +265,34 @@ def compute_stats(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS) ->
         if not inside.all():
             rec = {name: v[inside] for name, v in rec.items()}
         last = _score(h, rec, last, sums)
+    return sums
+
+
+def _sums_c(trace: Trace, records_per_chunk: int, predictable: np.ndarray,
+            found: Counter[str]) -> dict[str, np.ndarray]:
+    """The compiled engine: the same sums, each chunk scored by the kernel straight from its bytes."""
+    kernel = StatsKernel(trace.header, predictable)
+    for chunk in trace.iter_chunks(records_per_chunk):
+        kernel.feed(chunk)
+    found.update({name: int(n) for name, n in zip(ISSUE_COUNTERS, kernel.issues)})
+    return {**dict(zip(INT_COUNTERS, kernel.ints)), **dict(zip(FLOAT_COUNTERS, kernel.floats))}
+
+
+def compute_stats(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS,
+                  engine: str = STATS_ENGINE_C) -> TraceStats:
+    """Score every layer of ``trace`` and run the control, reading ``records_per_chunk`` at a time.
+
+    ``engine``: ``"c"`` (the compiled kernel; StatsKernelError if it cannot be built) or
+    ``"numpy"``; both give the same counts (the mass sums up to float rounding).
+    """
+    if engine not in STATS_ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(STATS_ENGINES)}, not {engine!r}")
+    h = trace.header
+    names = [f.name for f in fields(LayerCounts)]
+    found: Counter[str] = Counter()
+    predictable = np.zeros(1 << 16, dtype=bool)  # by layer (u16): in the header's layer mask
+    predictable[sorted(h.layer_mask)] = True
+    sums = (_sums_numpy if engine == STATS_ENGINE_NUMPY else _sums_c)(trace, records_per_chunk, predictable, found)
     shown = sorted({int(l) for l in np.flatnonzero(sums["records"])} | {l for l in h.layer_mask if l < h.n_layer})
     layers = {
         l: LayerCounts(**{n: float(sums[n][l]) if n.startswith("mass") else int(round(sums[n][l])) for n in names})

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,15 +21,18 @@ from .constants import (
     MAX_LAYERS,
     MODE_NAMES,
     MODE_ROUTER,
+    PREFETCH_NAMES,
     TRACE_ARCH_BYTES,
     TRACE_CHUNK_RECORDS,
     TRACE_HDR_FLAG_NO_ATTN,
+    TRACE_HDR_FLAG_PREFETCH_TOTALS,
     TRACE_HDR_FLAG_STATS,
     TRACE_HEADER_SIZE,
     TRACE_MAGIC,
     TRACE_MODEL_BYTES,
     TRACE_RECORD_FIXED,
     TRACE_VERSION,
+    TRACE_VERSIONS_READ,
 )
 
 logger = logging.getLogger(__name__)
@@ -51,10 +55,30 @@ HEADER_DTYPE = np.dtype(
         ("layer_mask", "u1", (MAX_LAYERS // 8,)),
         ("arch", f"S{TRACE_ARCH_BYTES}"),
         ("model", f"S{TRACE_MODEL_BYTES}"),
-        ("reserved", "u1", (104,)),
+        # version 2: the prefetch consumer (zero in version 1 and when it was off)
+        ("prefetch_mode", "<u4"),
+        ("prefetch_threads", "<u4"),
+        ("prefetch_max_bytes", "<i8"),
+        ("prefetch_totals", "<u8", (9,)),  # PrefetchTotals, in field order
+        ("prefetch_errors", "<u4", (4,)),  # (errno, ranges) x 2, most frequent first
     ]
 )
 assert HEADER_DTYPE.itemsize == TRACE_HEADER_SIZE
+
+
+class PrefetchTotals(NamedTuple):
+    """What the prefetch consumer did over the whole context (written when it was freed)."""
+
+    experts: int  # experts issued
+    ranges: int  # byte ranges issued, one per expert slice of a tensor
+    bytes: int  # bytes issued, page-rounded
+    resident_ranges: int  # ranges already wholly resident
+    resident_bytes: int  # bytes already resident when issued
+    failed: int  # ranges whose madvise or mincore failed
+    dropped_bytes: int  # bytes the _MAX_BYTES cap kept from being issued
+    queue_full: int  # read mode: ranges not queued (workers behind)
+    touched_bytes: int  # read mode: bytes the workers touched
+    errors: tuple[tuple[int, int], ...]  # (errno, ranges), the two most frequent
 
 
 class TraceError(ValueError):
@@ -111,6 +135,10 @@ class TraceHeader:
     layer_mask: frozenset[int]  # the predicted layers
     arch: str
     model: str
+    prefetch_mode: int = 0  # PREFETCH_OFF, _ADVISE, _READ
+    prefetch_threads: int = 0
+    prefetch_max_bytes: int = 0  # per token, 0 = no cap
+    prefetch_totals: PrefetchTotals | None = None  # None unless the consumer ran and the context was freed
 
     @classmethod
     def build(
@@ -129,7 +157,7 @@ class TraceHeader:
         arch: str = "",
         model: str = "",
     ) -> TraceHeader:
-        """A version-1 header with the sizes filled in and llama.cpp's defaults.
+        """A header of the current version with the sizes filled in and llama.cpp's defaults.
 
         depth defaults to ``n_expert_used``, depth_requested to the depth given (0 if none),
         min_read to ``min(n_expert_used, depth)``, layers to ``1 .. n_layer-1``.
@@ -164,8 +192,14 @@ class TraceHeader:
         magic = bytes(buf[:8])
         if magic != TRACE_MAGIC:
             raise TraceError(f"bad magic {magic!r} (expected {TRACE_MAGIC!r}): not a P/A trace")
-        if raw["version"] != TRACE_VERSION:
-            raise TraceError(f"trace version {raw['version']} is not supported (this reader knows version {TRACE_VERSION})")
+        if raw["version"] not in TRACE_VERSIONS_READ:
+            known = ", ".join(str(v) for v in TRACE_VERSIONS_READ)
+            raise TraceError(f"trace version {raw['version']} is not supported (this reader knows versions {known})")
+        totals = None
+        if raw["version"] >= 2 and raw["flags"] & TRACE_HDR_FLAG_PREFETCH_TOTALS:
+            err = [int(x) for x in raw["prefetch_errors"]]
+            errors = tuple((err[i], err[i + 1]) for i in (0, 2) if err[i + 1] > 0)
+            totals = PrefetchTotals(*(int(x) for x in raw["prefetch_totals"]), errors=errors)
         mask_bits = np.unpackbits(raw["layer_mask"], bitorder="little")
         header = cls(
             version=int(raw["version"]),
@@ -183,6 +217,10 @@ class TraceHeader:
             layer_mask=frozenset(int(i) for i in np.flatnonzero(mask_bits)),
             arch=_c_string(raw["arch"]),
             model=_c_string(raw["model"]),
+            prefetch_mode=int(raw["prefetch_mode"]) if raw["version"] >= 2 else 0,
+            prefetch_threads=int(raw["prefetch_threads"]) if raw["version"] >= 2 else 0,
+            prefetch_max_bytes=int(raw["prefetch_max_bytes"]) if raw["version"] >= 2 else 0,
+            prefetch_totals=totals,
         )
         header._validate()
         return header
@@ -210,6 +248,10 @@ class TraceHeader:
             problems.append(f"margin {self.margin} is not a non-negative number or +inf")
         if self.min_read > self.depth:
             problems.append(f"min_read {self.min_read} exceeds depth {self.depth}")
+        if self.prefetch_mode not in PREFETCH_NAMES:
+            problems.append(f"unknown prefetch mode {self.prefetch_mode}")
+        if self.prefetch_max_bytes < 0:
+            problems.append(f"prefetch cap {self.prefetch_max_bytes} is negative")
         if problems:
             raise TraceError("bad trace header: " + "; ".join(problems))
 
@@ -217,8 +259,14 @@ class TraceHeader:
         """Encode as the 512-byte header (no validation: tests write bad headers with it)."""
         raw = np.zeros((), dtype=HEADER_DTYPE)
         for name in ("version", "header_size", "record_size", "n_layer", "n_expert", "n_expert_used",
-                     "depth", "mode", "depth_requested", "margin", "min_read", "flags"):
+                     "depth", "mode", "depth_requested", "margin", "min_read", "flags",
+                     "prefetch_mode", "prefetch_threads", "prefetch_max_bytes"):
             raw[name] = getattr(self, name)
+        if self.prefetch_totals is not None:
+            raw["flags"] |= TRACE_HDR_FLAG_PREFETCH_TOTALS
+            raw["prefetch_totals"] = self.prefetch_totals[:9]
+            errors = [x for pair in self.prefetch_totals.errors[:2] for x in pair]
+            raw["prefetch_errors"] = errors + [0] * (4 - len(errors))
         raw["magic"] = TRACE_MAGIC
         bits = np.zeros(MAX_LAYERS, dtype=np.uint8)
         bits[sorted(self.layer_mask)] = 1
@@ -234,6 +282,10 @@ class TraceHeader:
     @property
     def no_attn(self) -> bool:
         return bool(self.flags & TRACE_HDR_FLAG_NO_ATTN)
+
+    @property
+    def prefetch_name(self) -> str:
+        return PREFETCH_NAMES[self.prefetch_mode]
 
     @property
     def stats(self) -> bool:

@@ -106,6 +106,18 @@ def test_bench_reports_both_passes(bench_stats, tmp_path, capsys):
     assert not path.exists()  # deleted without --keep
 
 
+def test_bench_with_the_numpy_engine(bench_stats, tmp_path, capsys):
+    rc = bench_stats.main(["--size-mib", "4", "--rounds", "1", "--trace", str(tmp_path / "t.trace"), "--json",
+                           "--with-numpy-engine"])
+    assert rc in (EXIT_OK, EXIT_CHECK_FAILED)
+    report = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in report["rows"]] == ["(a) onebit-stats --json", "(b) numpy memmap pass",
+                                                   "(c) numpy engine"]
+    assert report["rows"][2]["median_wall_s"] > 0 and report["kernel_build_s"] >= 0
+    assert report["ratio"] == pytest.approx(report["rows"][0]["median_wall_s"] / report["rows"][1]["median_wall_s"],
+                                            rel=1e-2)
+
+
 def test_bench_keep_reuses_the_trace(bench_stats, tmp_path, capsys):
     path = tmp_path / "kept.trace"
     argv = ["--size-mib", "4", "--rounds", "1", "--trace", str(path), "--keep", "--json"]

@@ -159,7 +159,7 @@ def test_file_shorter_than_header(tmp_path, size):
     "kw, message",
     [
         (dict(magic=b"GGUF\0\0\0\0"), "bad magic"),
-        (dict(version=2), "version 2 is not supported"),
+        (dict(version=3), "version 3 is not supported"),
         (dict(version=0), "version 0 is not supported"),
         (dict(header_size=256), "header_size 256 != 512"),
         (dict(record_size=61), "record_size 61 != 60"),
@@ -188,4 +188,50 @@ def test_header_to_bytes_does_not_validate(tmp_path):
     bad = dataclasses.replace(small_header(), record_size=7)
     path = write(tmp_path / "t", bad)
     with pytest.raises(TraceError, match="record_size 7"):
+        Trace.open(path)
+
+
+# --- version 2: the prefetch consumer's fields -------------------------------------------
+
+
+def test_prefetch_fields_at_their_documented_offsets(tmp_path):
+    """Offsets 408.. as docs/trace-format.md gives them, packed by hand, not by the reader."""
+    head = bytearray(doc_header(version=2))
+    flags = struct.unpack_from("<I", head, 52)[0] | 8
+    struct.pack_into("<I", head, 52, flags)
+    struct.pack_into("<IIq", head, 408, 2, 3, 65536)
+    struct.pack_into("<9Q", head, 424, 5, 15, 61440, 4, 20480, 2, 8192, 1, 40960)
+    struct.pack_into("<4I", head, 496, 22, 2, 0, 0)  # EINVAL twice
+    path = tmp_path / "t"
+    path.write_bytes(bytes(head))
+    h = Trace.open(path).header
+    assert (h.version, h.prefetch_name, h.prefetch_threads, h.prefetch_max_bytes) == (2, "read", 3, 65536)
+    t = h.prefetch_totals
+    assert (t.experts, t.ranges, t.bytes, t.resident_ranges, t.resident_bytes) == (5, 15, 61440, 4, 20480)
+    assert (t.failed, t.dropped_bytes, t.queue_full, t.touched_bytes, t.errors) == (2, 8192, 1, 40960, ((22, 2),))
+
+
+def test_prefetch_totals_absent_without_the_flag(tmp_path):
+    """A context that was never freed (a crash) leaves the totals unwritten: None, not zeros."""
+    head = bytearray(doc_header(version=2))
+    struct.pack_into("<IIq", head, 408, 1, 2, 0)
+    path = tmp_path / "t"
+    path.write_bytes(bytes(head))
+    h = Trace.open(path).header
+    assert h.prefetch_name == "advise" and h.prefetch_totals is None
+
+
+def test_version_1_has_no_prefetch(tmp_path):
+    path = tmp_path / "t"
+    path.write_bytes(doc_header(version=1))
+    h = Trace.open(path).header
+    assert (h.version, h.prefetch_mode, h.prefetch_totals) == (1, 0, None)
+
+
+def test_unknown_prefetch_mode_is_rejected(tmp_path):
+    head = bytearray(doc_header(version=2))
+    struct.pack_into("<I", head, 408, 7)
+    path = tmp_path / "t"
+    path.write_bytes(bytes(head))
+    with pytest.raises(TraceError, match="unknown prefetch mode 7"):
         Trace.open(path)

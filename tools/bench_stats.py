@@ -8,6 +8,13 @@ What it measures (issue 5, "Performance"): the wall time and the peak memory of
     the chunk size onebit-stats uses (``TRACE_CHUNK_RECORDS``), summing every field the
     stats touch (step, seq_id, pos, layer, n_read, flags, actual ids and weights, predicted
     ids and logits). That is what "reading the file at all" costs in numpy.
+(c) with ``--with-numpy-engine`` only: ``compute_stats(trace, engine="numpy")``, the numpy
+    engine onebit-stats used before its compiled kernel, for comparison (not judged).
+
+onebit-stats scores with a C kernel that is compiled once and cached
+(``onebit_predict/stats_kernel.py``); the benchmark builds (or finds) it before the first
+round, so that every measured run loads the cached module, as every run after the first
+does. What that took is reported (``kernel_build_s``).
 
 Each measurement runs in its own fresh process, (a) and (b) alternating in order round by
 round (``--rounds``, default 3), in the same run, so drift on the machine spreads over both.
@@ -58,6 +65,7 @@ seed and size give the same bytes. The file holds whole steps and is at most ``-
     python tools/bench_stats.py                        # 1 GiB, 3 rounds, temp dir, deleted after
     python tools/bench_stats.py --size-mib 64 --rounds 5 --json
     python tools/bench_stats.py --trace /tmp/t.trace --keep   # reused next time if the size matches
+    python tools/bench_stats.py --size-mib 256 --with-numpy-engine   # and the numpy engine, as (c)
 
 Exit codes: 0 the goals hold; 1 a goal is missed (or a measured command failed), the reason
 printed; 2 usage error.
@@ -86,6 +94,7 @@ from onebit_predict.constants import (
     TRACE_FLAG_PREDICTED, TRACE_HEADER_SIZE,
 )
 from onebit_predict.policy import n_read_rows
+from onebit_predict.stats_kernel import StatsKernelError, load_kernel
 from onebit_predict.trace import TraceHeader
 
 MIB = 1 << 20
@@ -294,6 +303,15 @@ print(n, isum, fsum)
 """
 
 
+# (c): the numpy engine of onebit-stats, on the same trace: argv = TRACE
+NUMPY_ENGINE_SRC = r"""
+import sys
+from onebit_predict.stats import compute_stats
+from onebit_predict.trace import Trace
+compute_stats(Trace.open(sys.argv[1]), engine="numpy")
+"""
+
+
 # Runs one measured command and reports it (JSON on stdout): a fresh, small process per
 # measurement, so that its RUSAGE_CHILDREN covers exactly that one command, and so that the
 # RSS the kernel carries over fork + exec into the child's ru_maxrss (the forking process's
@@ -426,6 +444,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="rounds, each measuring both passes (default 3)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed of the synthetic trace (default 0)")
     p.add_argument("--json", action="store_true", help="write the report as JSON to stdout instead of Markdown")
+    p.add_argument("--with-numpy-engine", action="store_true",
+                   help="also measure compute_stats(engine='numpy'), as (c) (slow: several times (a))")
     return p
 
 
@@ -456,7 +476,8 @@ def _markdown(report: dict) -> str:
         f"{how}, seed {t['seed']})",
         f"machine: {mc['nproc']} CPUs, {mc['cpu']}, {mc['mem_total_gib']} GiB; Python {mc['python']}, numpy {mc['numpy']}",
         f"load average (1, 5, 15 min): before {report['load_before']}, after {report['load_after']}",
-        f"rounds: {report['rounds']}, each a fresh process per pass, order alternating",
+        f"rounds: {report['rounds']}, each a fresh process per pass, order alternating; "
+        f"the stats kernel built or found in the cache beforehand in {report['kernel_build_s']:.2f} s",
         "",
         "| pass | median wall s | min-max wall s | median CPU s | peak RSS MiB | peak anon MiB (sampled) "
         "| peak file MiB (sampled) |",
@@ -481,6 +502,8 @@ def _markdown(report: dict) -> str:
         "(a) " + " ".join(report["rows"][0]["command"]) + " > /dev/null",
         "(b) python -c BASELINE_SRC TRACE CHUNK: np.memmap of the record dtype, summing every field per chunk "
         f"of {report['chunk_records']} records",
+        *(["(c) python -c NUMPY_ENGINE_SRC TRACE: compute_stats(trace, engine='numpy')"]
+          if len(report["rows"]) > 2 else []),
         "",
         "note: " + report["note"],
     ]
@@ -556,10 +579,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_s = time.perf_counter() - t0
         assert path.stat().st_size == want
 
+        t0 = time.perf_counter()
+        try:
+            load_kernel()  # compiled once into the cache: the measured runs load it from there
+        except StatsKernelError as e:
+            print(f"bench_stats: FAILED: {e}", file=sys.stderr)
+            return EXIT_CHECK_FAILED
+        kernel_build_s = time.perf_counter() - t0
+
         cmds = {
             "(a) onebit-stats --json": [sys.executable, "-m", "onebit_predict.cli_stats", str(path), "--json"],
             "(b) numpy memmap pass": [sys.executable, "-c", BASELINE_SRC, str(path), str(TRACE_CHUNK_RECORDS)],
         }
+        shown = {  # the commands as reported: the inline sources by name
+            **cmds,
+            "(b) numpy memmap pass": [sys.executable, "-c", "BASELINE_SRC", str(path), str(TRACE_CHUNK_RECORDS)],
+        }
+        if args.with_numpy_engine:
+            cmds["(c) numpy engine"] = [sys.executable, "-c", NUMPY_ENGINE_SRC, str(path)]
+            shown["(c) numpy engine"] = [sys.executable, "-c", "NUMPY_ENGINE_SRC", str(path)]
         names = list(cmds)
         results: dict[str, list[Measurement]] = {n: [] for n in names}
         for rnd in range(args.rounds):
@@ -572,14 +610,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                     return EXIT_CHECK_FAILED
         load_after = _loadavg()
 
-        rows = [_row(n, cmds[n] if n.startswith("(a)") else [sys.executable, "-c", "BASELINE_SRC", str(path),
-                                                               str(TRACE_CHUNK_RECORDS)], results[n]) for n in names]
+        rows = [_row(n, shown[n], results[n]) for n in names]
         ratio = rows[0]["median_wall_s"] / rows[1]["median_wall_s"]
         ratio_ok, rss_ok = ratio <= GOAL_RATIO, rows[0]["peak_rss_mib"] < GOAL_PEAK_MIB
         report = {
             "trace": {"path": str(path), "bytes": want, "records": n_records, "steps": n_steps, "seed": args.seed,
                       "reused": reuse, "write_s": round(write_s, 2), "kept": args.keep},
-            "rounds": args.rounds, "chunk_records": TRACE_CHUNK_RECORDS,
+            "rounds": args.rounds, "chunk_records": TRACE_CHUNK_RECORDS, "kernel_build_s": round(kernel_build_s, 3),
             "rows": rows,
             "ratio": round(ratio, 3),
             "goals": {"ratio_max": GOAL_RATIO, "peak_rss_max_mib": GOAL_PEAK_MIB,

@@ -1,0 +1,70 @@
+"""Measure the drive a model lives on: sequential bandwidth and the latency of one page read.
+
+What `onebit-bench --cold` measures against, and what `onebit-stats simulate` needs as
+`--bandwidth` and `--latency-us` to predict the same run. A scratch file is written next to
+the model (so it is on the same filesystem), written back and dropped from the page cache
+(posix_fadvise DONTNEED), then read: once sequentially in 1 MiB reads (bandwidth), once as
+single 4 KiB preads at random page-aligned offsets, one at a time (latency at queue depth 1).
+The file is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import random
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRATCH_BYTES = 256 << 20
+CHUNK = 1 << 20
+N_RANDOM_READS = 256
+
+
+class DriveError(RuntimeError):
+    """The scratch file could not be written or read."""
+
+
+@dataclass(frozen=True)
+class DriveFigures:
+    directory: str
+    bandwidth_mb_s: float  # sequential read, MB/s (10^6 bytes)
+    page_read_us: float  # mean latency of one 4 KiB random read at queue depth 1
+
+
+def _drop(fd: int, size: int) -> None:
+    os.fsync(fd)
+    os.posix_fadvise(fd, 0, size, os.POSIX_FADV_DONTNEED)
+
+
+def measure_drive(directory: Path, size: int = SCRATCH_BYTES, seed: int = 0) -> DriveFigures:
+    """Write, drop and read a scratch file of size bytes in directory."""
+    page = mmap.PAGESIZE
+    try:
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".onebit-drive-") as f:
+            block = os.urandom(CHUNK)  # incompressible: a compressing filesystem would flatter zeros
+            for _ in range(size // CHUNK):
+                f.write(block)
+            f.flush()
+            fd = f.fileno()
+            _drop(fd, size)
+            t0 = time.perf_counter()
+            offset = 0
+            while offset < size:
+                n = len(os.pread(fd, CHUNK, offset))
+                if n == 0:
+                    break
+                offset += n
+            seq_s = time.perf_counter() - t0
+            _drop(fd, size)
+            rng = random.Random(seed)
+            offsets = [rng.randrange(size // page) * page for _ in range(N_RANDOM_READS)]
+            t0 = time.perf_counter()
+            for off in offsets:
+                os.pread(fd, page, off)
+            rand_s = time.perf_counter() - t0
+    except OSError as exc:
+        raise DriveError(f"cannot measure the drive under {directory}: {exc}") from None
+    return DriveFigures(str(directory), size / seq_s / 1e6, rand_s / N_RANDOM_READS * 1e6)

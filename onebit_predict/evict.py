@@ -1,0 +1,196 @@
+"""Keep a model's expert weights on the drive: evict their pages between tokens.
+
+The bundled models fit in memory many times over, so a benchmark of the prefetch consumer
+must make every token read its experts from the drive, as it would for a model that does
+not fit. In the process that runs llama.cpp, this module finds the GGUF's mapping in
+``/proc/self/maps`` (llama.cpp maps the whole file from offset 0), the byte ranges of every
+routed-expert tensor (``blk.N.ffn_{gate,up,gate_up,down}_exps``, from the GGUF), and:
+
+- marks them ``MADV_RANDOM``, so a fault reads the page it needs rather than a readahead
+  window holding the neighbouring experts too (which would make every prediction look free);
+- evicts them with one of two methods, whichever works on the machine (``detect``):
+  ``dontneed`` (``madvise(MADV_DONTNEED)``
+  to unmap, then ``posix_fadvise(POSIX_FADV_DONTNEED)`` to drop the page cache) or ``pageout``
+  (``madvise(MADV_PAGEOUT)``, Linux 5.4+, which skips pages it finds busy);
+- measures how much of them is resident (``mincore``), to prove the eviction worked.
+
+Linux only; everything else raises EvictError with the reason.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .expert_bytes import EXPERT_TENSOR
+
+MADV_RANDOM = 1
+MADV_DONTNEED = 4
+MADV_PAGEOUT = 21
+POSIX_FADV_DONTNEED = 4
+METHODS = ("dontneed", "pageout")  # dontneed first: pageout leaves pages it finds busy (seen here)
+# a method works when at most this fraction of the expert pages stays resident (a page an expert
+# tensor shares with a tensor used every token may come back at once)
+EVICTED_ENOUGH = 0.05
+
+PAGE = mmap.PAGESIZE
+_MAPS_LINE = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) ([0-9a-f]+) \S+ \d+\s+(.*)$")
+
+
+class EvictError(RuntimeError):
+    """The expert pages cannot be located or evicted on this machine."""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A page-aligned byte range of the file: [start, start + size)."""
+
+    start: int
+    size: int
+
+
+def expert_spans(gguf_path: Path) -> list[Span]:
+    """The page-aligned file ranges of the routed-expert tensors, merged where they touch."""
+    import gguf  # noqa: PLC0415 - heavy import, only where needed
+
+    reader = gguf.GGUFReader(gguf_path)
+    raw = sorted((int(t.data_offset), int(t.n_bytes)) for t in reader.tensors if EXPERT_TENSOR.match(t.name))
+    if not raw:
+        raise EvictError(f"{gguf_path}: no routed-expert tensors (blk.N.ffn_*_exps)")
+    spans: list[Span] = []
+    for off, n in raw:
+        start = off // PAGE * PAGE
+        end = -(-(off + n) // PAGE) * PAGE
+        if spans and start <= spans[-1].start + spans[-1].size:
+            last = spans.pop()
+            start, end = last.start, max(end, last.start + last.size)
+        spans.append(Span(start, end - start))
+    return spans
+
+
+def mapping_base(gguf_path: Path) -> int:
+    """The address of file offset 0 in this process's mapping of gguf_path (llama.cpp's).
+
+    llama.cpp maps the whole file in one piece and then unmaps the fragments no tensor uses
+    (the header page among them), so a line of /proc/self/maps may start past offset 0:
+    the base is its start minus its offset, the same for every fragment.
+    """
+    target = os.path.realpath(gguf_path)
+    bases = set()
+    with open("/proc/self/maps") as f:
+        for line in f:
+            m = _MAPS_LINE.match(line.rstrip("\n"))
+            if m and m.group(5) == target and "s" in m.group(3):
+                bases.add(int(m.group(1), 16) - int(m.group(4), 16))
+    if len(bases) == 1:
+        return bases.pop()
+    if len(bases) > 1:
+        raise EvictError(f"{target} is mapped {len(bases)} times in this process; cannot tell which is llama.cpp's")
+    raise EvictError(f"{target} is not mapped in this process (was the model loaded with mmap?)")
+
+
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding path (the longest mount point above it in /proc/mounts)."""
+    target = os.path.realpath(path)
+    best, fstype = "", "?"
+    with open("/proc/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            mount = fields[1].replace("\\040", " ")
+            inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) >= len(best):
+                best, fstype = mount, fields[2]
+    return fstype
+
+
+MEMORY_FILESYSTEMS = ("tmpfs", "ramfs")
+
+
+class ExpertPages:
+    """The expert pages of one mapped GGUF in this process."""
+
+    def __init__(self, gguf_path: Path) -> None:
+        if not Path("/proc/self/maps").exists():
+            raise EvictError("no /proc/self/maps: page eviction needs Linux")
+        self.path = Path(gguf_path)
+        self.spans = expert_spans(self.path)
+        self.base = mapping_base(self.path)
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        self.libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+        self.libc.posix_fadvise.argtypes = (ctypes.c_int, ctypes.c_long, ctypes.c_long, ctypes.c_int)
+        self.fd = os.open(self.path, os.O_RDONLY)
+        # a freshly written model still has dirty pages, which neither method evicts: write them back first
+        os.fsync(self.fd)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.size for s in self.spans)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def _madvise(self, span: Span, advice: int, name: str) -> None:
+        if self.libc.madvise(self.base + span.start, span.size, advice) != 0:
+            err = ctypes.get_errno()
+            raise EvictError(f"madvise({name}) failed: {os.strerror(err)} (errno {err})")
+
+    def random_access(self) -> None:
+        """No readahead on fault: a fault reads its own page, not the neighbouring experts."""
+        for s in self.spans:
+            self._madvise(s, MADV_RANDOM, "MADV_RANDOM")
+
+    def evict(self, method: str) -> None:
+        for s in self.spans:
+            if method == "pageout":
+                self._madvise(s, MADV_PAGEOUT, "MADV_PAGEOUT")
+            elif method == "dontneed":
+                self._madvise(s, MADV_DONTNEED, "MADV_DONTNEED")
+                rc = self.libc.posix_fadvise(self.fd, s.start, s.size, POSIX_FADV_DONTNEED)
+                if rc != 0:
+                    raise EvictError(f"posix_fadvise(POSIX_FADV_DONTNEED) failed: {os.strerror(rc)} (errno {rc})")
+            else:
+                raise ValueError(f"unknown eviction method {method!r}")
+
+    def resident_fraction(self) -> float:
+        """The fraction of the expert pages in memory now (mincore)."""
+        resident = total = 0
+        for s in self.spans:
+            n = s.size // PAGE
+            vec = (ctypes.c_ubyte * n)()
+            if self.libc.mincore(self.base + s.start, s.size, vec) != 0:
+                err = ctypes.get_errno()
+                raise EvictError(f"mincore failed: {os.strerror(err)} (errno {err})")
+            resident += sum(b & 1 for b in vec)
+            total += n
+        return resident / total
+
+    def detect(self, methods: Sequence[str] = METHODS) -> tuple[str, list[str]]:
+        """The first method that leaves at most EVICTED_ENOUGH resident, and what each tried did.
+
+        Raises EvictError (with every attempt) when none works.
+        """
+        notes = []
+        for method in methods:
+            try:
+                self.evict(method)
+            except EvictError as exc:
+                notes.append(f"{method}: {exc}")
+                continue
+            left = self.resident_fraction()
+            notes.append(f"{method}: {100 * left:.1f}% of {self.nbytes} expert bytes still resident after it")
+            if left <= EVICTED_ENOUGH:
+                return method, notes
+        fstype = filesystem_type(self.path)
+        hint = (f" ({self.path} is on {fstype}, whose pages live in memory and cannot be evicted: put the model on a"
+                " disk-backed filesystem)") if fstype in MEMORY_FILESYSTEMS else ""
+        raise EvictError("no eviction method works here: " + "; ".join(notes) + hint)

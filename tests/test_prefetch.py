@@ -1,0 +1,142 @@
+"""The prefetch consumer (ONEBIT_MOE_PREFETCH) on the patched build: what it issues, what it
+counts into the trace, where it refuses to run, and the page eviction its benchmark uses.
+
+Its bit-identity is checked by onebit-bitident, whose default modes include router+advise
+and block+read (tests/test_bitident.py); these tests check that it did its job.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from onebit_predict import bench
+from onebit_predict.bitident import consumer_problem
+from onebit_predict.constants import (
+    ENV_MODE, ENV_OUT, ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES, ENV_STATS, EXIT_OK, PREFETCH_ADVISE, PREFETCH_OFF,
+    PREFETCH_READ,
+)
+from onebit_predict.evict import EVICTED_ENOUGH, ExpertPages, expert_spans
+from onebit_predict.runner import Context, ContextSettings, Model, builtin_tokens
+from onebit_predict.trace import Trace
+
+N_PROMPT = 16
+N_DECODE = 8
+
+
+def run(model_path: Path, trace: Path, env: dict[str, str | None], use_mmap: bool = True,
+        evict: bool = False) -> Trace:
+    """A prefill and N_DECODE single-token steps; with evict, the expert pages leave memory before each step."""
+    with Model(model_path, use_mmap=use_mmap) as model:
+        pages = ExpertPages(model_path) if evict else None
+        method = None
+        if pages is not None:
+            pages.random_access()  # no readahead: a fault must not bring in the neighbouring experts
+            method = pages.detect()[0]
+        toks = builtin_tokens(N_PROMPT + N_DECODE, model.n_vocab, 3)
+        with Context(model, ContextSettings(n_ubatch=8), {ENV_OUT: str(trace), **env}) as ctx:
+            ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [True] * N_PROMPT)
+            for i in range(N_DECODE):
+                if pages is not None:
+                    pages.evict(method)
+                ctx.decode([toks[N_PROMPT + i]], [N_PROMPT + i], [0], [True])
+        if pages is not None:
+            pages.close()
+    return Trace.open(trace)
+
+
+@pytest.mark.parametrize("consumer, mode", [("advise", PREFETCH_ADVISE), ("read", PREFETCH_READ)])
+def test_consumer_issues_the_predicted_experts_and_counts_them(tiny_model, tmp_path, consumer, mode):
+    path = tiny_model("qwen3moe")
+    trace = run(path, tmp_path / "t.bin", {ENV_MODE: "router", ENV_PREFETCH: consumer}, evict=True)
+    h = trace.header
+    assert (h.prefetch_mode, h.prefetch_max_bytes) == (mode, 0)
+    t = h.prefetch_totals
+    assert t is not None and consumer_problem(trace, consumer) is None
+    # every predicted candidate row reads at least one expert: three tensor slices each (gate, up, down)
+    assert t.experts > 0 and t.ranges == 3 * t.experts
+    assert t.failed == 0 and t.errors == () and t.dropped_bytes == 0
+    # the pages were evicted before each decode step, so some ranges were not resident when issued
+    assert t.resident_ranges < t.ranges and t.resident_bytes < t.bytes
+    assert t.touched_bytes <= t.bytes
+    if consumer == "advise":
+        assert t.touched_bytes == 0 and t.queue_full == 0
+
+
+def test_cap_drops_what_it_cannot_afford(tiny_model, tmp_path):
+    path = tiny_model("qwen3moe")
+    trace = run(path, tmp_path / "t.bin", {ENV_MODE: "block", ENV_PREFETCH: "advise", ENV_PREFETCH_MAX_BYTES: "1"})
+    t = trace.header.prefetch_totals
+    assert trace.header.prefetch_max_bytes == 1
+    assert t.experts == 0 and t.bytes == 0 and t.dropped_bytes > 0
+    # a consumer that issued nothing proves nothing: the bit-identity check refuses it
+    assert consumer_problem(trace, "advise") == "the prefetch consumer issued nothing"
+
+
+def test_no_mmap_turns_the_consumer_off_with_a_notice(tiny_model, tmp_path, capfd):
+    trace = run(tiny_model("qwen3moe"), tmp_path / "t.bin", {ENV_MODE: "router", ENV_PREFETCH: "read"},
+                use_mmap=False)
+    err = capfd.readouterr().err
+    assert "not mmapped from the model file" in err and "prefetch off" in err
+    assert (trace.header.prefetch_mode, trace.header.prefetch_totals) == (PREFETCH_OFF, None)
+    assert "records off" in consumer_problem(trace, "read")
+
+
+def test_consumer_needs_a_predictor(tiny_model, tmp_path, capfd):
+    trace = run(tiny_model("qwen3moe"), tmp_path / "t.bin", {ENV_MODE: "off", ENV_PREFETCH: "advise"})
+    assert "ONEBIT_MOE_PREFETCH=advise needs ONEBIT_MOE_PREDICT=router or block; using off" in capfd.readouterr().err
+    assert trace.header.prefetch_mode == PREFETCH_OFF
+
+
+def test_stats_print_the_consumer_table(tiny_model, tmp_path, capfd):
+    run(tiny_model("olmoe"), tmp_path / "t.bin", {ENV_MODE: "block", ENV_PREFETCH: "advise", ENV_STATS: "1"})
+    err = capfd.readouterr().err
+    assert "onebit: moe-prefetch stats, advise" in err
+    assert any(line.startswith("onebit: total") for line in err.splitlines())
+
+
+# --- the eviction the cold benchmark relies on -------------------------------------------
+
+
+def test_eviction_empties_the_expert_pages(tiny_model):
+    path = tiny_model("qwen3moe")
+    with Model(path):
+        pages = ExpertPages(path)
+        try:
+            assert pages.nbytes == sum(s.size for s in expert_spans(path)) > 0
+            method, notes = pages.detect()
+            assert pages.resident_fraction() <= EVICTED_ENOUGH, notes
+            pages.evict(method)
+            assert pages.resident_fraction() <= EVICTED_ENOUGH
+        finally:
+            pages.close()
+
+
+def test_cold_bench_compares_the_consumer_modes(tiny_model, capsys):
+    rc = bench.main([str(tiny_model("qwen3moe")), "--cold", "--rounds", "1", "--prompt", "8", "--generate", "3",
+                     "--json"])
+    assert rc == EXIT_OK
+    report = json.loads(capsys.readouterr().out)
+    assert report["evict_method"] in ("pageout", "dontneed")
+    rows = {r["name"]: r for r in report["rows"]}
+    assert list(rows) == ["patched off, warm", "patched off", "router", "router + advise", "router + read", "block",
+                          "block + advise", "block + read"]
+    assert report["drive"]["bandwidth_mb_s"] > 0 and report["drive"]["page_read_us"] > 0
+    assert rows["patched off, warm"]["resident_after_evict"] is None
+    for name, r in rows.items():
+        if name != "patched off, warm":
+            assert r["resident_after_evict"] <= EVICTED_ENOUGH, name
+        assert (r["prefetched_experts"] > 0) == ("+" in name), name
+        assert (r["read_recall"] is None) == name.startswith("patched off"), name
+
+
+def test_drive_measurement_needs_a_writable_directory(tmp_path):
+    from onebit_predict.drive import DriveError, measure_drive
+
+    with pytest.raises(DriveError, match="cannot measure the drive under"):
+        measure_drive(tmp_path / "missing")
+    figures = measure_drive(tmp_path, size=4 << 20)
+    assert figures.bandwidth_mb_s > 0 and figures.page_read_us > 0
+    assert list(tmp_path.iterdir()) == []  # the scratch file is gone
