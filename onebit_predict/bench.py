@@ -69,6 +69,7 @@ class Row:
     compute_mib: float
     layers_predicted: int
     extra_mib_per_layer: float | None  # compute buffer above patched off, per predicted layer
+    cost_pct_per_layer: float | None  # decode time above patched off, % of its time, per predicted layer
 
 
 def configs(trace_dir: Path, layers_subset: str) -> list[Config]:
@@ -121,7 +122,11 @@ def _worker(args: argparse.Namespace) -> int:
                 method, notes = pages.detect()
                 print(json.dumps({"method": method, "notes": notes, "expert_bytes": pages.nbytes}))
                 return EXIT_OK
-        toks = builtin_tokens(args.prompt + args.generate, model.n_vocab, 0)
+        n_toks = args.prompt + args.generate
+        if args.text_file:  # byte-level models: a byte is its own token id
+            toks = list(args.text_file.read_bytes()[:n_toks])
+        else:
+            toks = builtin_tokens(n_toks, model.n_vocab, 0)
         settings = ContextSettings(n_ctx=args.prompt + args.generate + 8, n_batch=args.prompt, n_ubatch=args.prompt,
                                    n_threads=args.threads)
         with redirect_stderr(captured):
@@ -155,6 +160,8 @@ def _run_one(model: Path, cfg: Config, lib_dir: Path, args: argparse.Namespace) 
            "--prompt", str(args.prompt), "--generate", str(args.generate), "--threads", str(args.threads)]
     if args.cold_method and cfg.evict:
         cmd += ["--cold-method", args.cold_method]
+    if args.text_file:
+        cmd += ["--text-file", str(args.text_file)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{cfg.name}: the worker failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
@@ -181,7 +188,8 @@ def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path |
         first = samples[cfg.name][0]
         n_pred = len(parse_layers(cfg.env.get(ENV_LAYERS), first.n_layer)[0]) if ENV_MODE in cfg.env else 0
         extra = (first.compute_mib - off_mib) / n_pred if n_pred else None
-        rows.append(Row(cfg.name, med, min(toks), max(toks), med / off, first.compute_mib, n_pred, extra))
+        cost = 100 * (off / med - 1) / n_pred if n_pred else None  # time per token grows as 1/tok_s
+        rows.append(Row(cfg.name, med, min(toks), max(toks), med / off, first.compute_mib, n_pred, extra, cost))
     return rows
 
 
@@ -266,11 +274,13 @@ def detect_eviction(model: Path, lib: Path, args: argparse.Namespace) -> tuple[s
 
 def markdown(rows: Sequence[Row], header: str) -> str:
     lines = [header, "", "| configuration | decode tok/s (median) | min | max | vs patched off | compute buffer MiB "
-             "| layers predicted | extra MiB per predicted layer |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| layers predicted | extra MiB per predicted layer | time cost per predicted layer |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         extra = "-" if r.extra_mib_per_layer is None else f"{r.extra_mib_per_layer:.3f}"
+        cost = "-" if r.cost_pct_per_layer is None else f"{r.cost_pct_per_layer:.1f}%"
         lines.append(f"| {r.name} | {r.median_tok_s:.1f} | {r.min_tok_s:.1f} | {r.max_tok_s:.1f} | "
-                     f"{r.ratio_to_off:.3f} | {r.compute_mib:.2f} | {r.layers_predicted or '-'} | {extra} |")
+                     f"{r.ratio_to_off:.3f} | {r.compute_mib:.2f} | {r.layers_predicted or '-'} | {extra} | {cost} |")
     return "\n".join(lines)
 
 
@@ -282,6 +292,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--generate", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--layers", default="1-2", help="the _LAYERS subset of the last configuration")
+    p.add_argument("--text-file", type=Path,
+                   help="feed this file's bytes as token ids (byte-level models) instead of the built-in stream")
     p.add_argument("--cold", action="store_true",
                    help="evict the expert pages before every decoded token and compare the prefetch consumer's modes")
     p.add_argument("--evict-method", choices=("auto", "pageout", "dontneed"), default="auto",
@@ -303,6 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _worker(args)
     if args.rounds < 1 or args.prompt < 1 or args.generate < 1 or args.threads < 1:
         print("onebit-bench: --rounds, --prompt, --generate and --threads must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.text_file and (not args.text_file.is_file() or
+                           args.text_file.stat().st_size < args.prompt + args.generate):
+        print(f"onebit-bench: --text-file {args.text_file} must exist and hold at least --prompt + --generate "
+              f"({args.prompt + args.generate}) bytes", file=sys.stderr)
         return EXIT_USAGE
     try:
         info = build_info()

@@ -32,3 +32,6 @@ def test_bench_usage(tmp_path, capsys):
     (tmp_path / "m.gguf").write_bytes(b"x")
     assert bench.main([str(tmp_path / "m.gguf"), "--rounds", "0"]) == EXIT_USAGE
     assert "no such file" in capsys.readouterr().err
+    (tmp_path / "short.txt").write_bytes(b"abc")
+    assert bench.main([str(tmp_path / "m.gguf"), "--text-file", str(tmp_path / "short.txt")]) == EXIT_USAGE
+    assert "must exist and hold at least" in capsys.readouterr().err

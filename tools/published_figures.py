@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The hit-rate figures the README publishes, reproduced by one command.
 
-For a trained model: traces of router and block at ``_DEPTH`` = n_expert_used and
-2 x n_expert_used, on the held-out text (models/heldout.txt, never trained on: four
+For a trained model: traces of router and block at ``_DEPTH`` = n_expert_used, 2 x and
+4 x n_expert_used (clamped to n_expert, as llama.cpp does), on the held-out text (models/heldout.txt, never trained on: four
 256-byte snippets, each run as its own sequence inside the models' 256-token training
 context), fed to the model as bytes: the first 16 bytes of a snippet prefilled, every
 later byte decoded as its own step so that every scored row routes real text. Prints a Markdown table from ``onebit-stats --json``
@@ -61,7 +61,7 @@ def main() -> int:
     n_used = n_expert_used(args.model)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for depth_factor in (1, 2):
+        for depth_factor in (1, 2, 4):
             for mode in ("router", "block"):
                 path = Path(tmp) / f"{mode}-{depth_factor}.bin"
                 trace(args.model, mode, depth_factor * n_used, path)
