@@ -8,11 +8,11 @@ tok/s is reported as the median of the rounds with min and max, next to the rati
 "patched off" and the compute-buffer size llama.cpp reports when it reserves the graph.
 No absolute number is meant to be quoted alone: the ratios are the result.
 
-``--cold`` emulates a model whose experts do not fit in memory (onebit_predict/evict.py):
-before every decoded token the worker evicts the expert pages (MADV_PAGEOUT, or
-MADV_DONTNEED plus POSIX_FADV_DONTNEED, whichever works here; ``--evict-method``), with
-readahead off on them, so each token reads its experts from the drive. Only the decode
-calls are timed, not the eviction. The configurations are then the prefetch consumer off,
+``--cold`` (onebit_predict/bench_cold.py) emulates a model whose experts do not fit in
+memory: before every decoded token the worker evicts the expert pages (onebit_predict/evict.py:
+MADV_DONTNEED plus POSIX_FADV_DONTNEED, or MADV_PAGEOUT, whichever works here;
+``--evict-method``), with readahead off on them, so each token reads its experts from the
+drive. Only the decode calls are timed, not the eviction. The configurations are then the prefetch consumer off,
 advise and read, for router and block predictions, each writing a trace, and the table adds
 the consumer's counters and the prediction's read recall and precision from that trace.
 
@@ -35,12 +35,13 @@ from pathlib import Path
 from typing import Sequence
 
 from .constants import (
-    ENV_LAYERS, ENV_MODE, ENV_NO_ATTN, ENV_OUT, ENV_PREFETCH, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE,
+    ENV_LAYERS, ENV_MODE, ENV_NO_ATTN, ENV_OUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE,
 )
 from .paths import NotBuiltError, build_info, pristine_lib_dir
 from .policy import parse_layers
 
 COMPUTE_BUFFER = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
+EVICT_SETTLE_S = 0.02  # --cold: untimed wait before each eviction, for asynchronous readahead to finish
 
 
 @dataclass(frozen=True)
@@ -82,24 +83,6 @@ def configs(trace_dir: Path, layers_subset: str) -> list[Config]:
         Config("block no-attn", {ENV_MODE: "block", ENV_NO_ATTN: "1"}),
         Config(f"block layers {layers_subset}", {ENV_MODE: "block", ENV_LAYERS: layers_subset}),
     ]
-
-
-# read mode's workers may still be reading when a token ends; the bench evicts between tokens, so
-# each token waits for its own reads (timed) and no late read refills the next token's experts
-ENV_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
-EVICT_SETTLE_S = 0.02  # untimed wait before each eviction, for asynchronous readahead to finish
-
-
-def cold_configs(trace_dir: Path) -> list[Config]:
-    """--cold: the consumer off/advise/read for each predictor; every run writes a trace."""
-    out = [Config("patched off, warm", {ENV_OUT: str(trace_dir / "warm.bin")}, evict=False),
-           Config("patched off", {ENV_OUT: str(trace_dir / "off.bin")})]
-    for mode in ("router", "block"):
-        for consumer in ("off", "advise", "read"):
-            name = mode if consumer == "off" else f"{mode} + {consumer}"
-            out.append(Config(name, {ENV_MODE: mode, ENV_PREFETCH: consumer, ENV_DRAIN: "1",
-                                     ENV_OUT: str(trace_dir / f"{mode}-{consumer}.bin")}))
-    return out
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -153,9 +136,15 @@ def _worker(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _run_one(model: Path, cfg: Config, lib_dir: Path, args: argparse.Namespace) -> Sample:
+def worker_env(lib_dir: Path) -> dict[str, str]:
+    """This process's environment without any onebit knob, pointed at lib_dir's libllama."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEBIT_MOE_PREDICT", "ONEBIT_MOE_PREFETCH"))}
     env["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
+    return env
+
+
+def run_one(model: Path, cfg: Config, lib_dir: Path, args: argparse.Namespace) -> Sample:
+    env = worker_env(lib_dir)
     cmd = [sys.executable, "-m", "onebit_predict.bench", "--worker", str(model), "--env", json.dumps(cfg.env),
            "--prompt", str(args.prompt), "--generate", str(args.generate), "--threads", str(args.threads)]
     if args.cold_method and cfg.evict:
@@ -176,7 +165,7 @@ def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path |
         order = list(cfgs) if rnd % 2 == 0 else list(reversed(cfgs))
         for cfg in order:
             lib_dir = lib_pristine if cfg.pristine else lib
-            samples[cfg.name].append(_run_one(model, cfg, lib_dir, args))
+            samples[cfg.name].append(run_one(model, cfg, lib_dir, args))
             print(f"onebit-bench: round {rnd + 1}/{args.rounds} {cfg.name}: "
                   f"{samples[cfg.name][-1].tok_s:.1f} tok/s", file=sys.stderr)
     off = statistics.median(s.tok_s for s in samples["patched off"])
@@ -191,85 +180,6 @@ def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path |
         cost = 100 * (off / med - 1) / n_pred if n_pred else None  # time per token grows as 1/tok_s
         rows.append(Row(cfg.name, med, min(toks), max(toks), med / off, first.compute_mib, n_pred, extra, cost))
     return rows
-
-
-@dataclass(frozen=True)
-class ColdRow:
-    """--cold: one configuration's decode speed with the experts on the drive, and what its trace shows."""
-
-    name: str
-    median_tok_s: float
-    min_tok_s: float
-    max_tok_s: float
-    ratio_to_off: float
-    resident_after_evict: float | None  # the most of the expert pages resident as a token started (None: warm)
-    read_recall: float | None  # of the prediction, over the decode rows (onebit-stats)
-    precision: float | None
-    prefetched_experts: int  # the consumer's totals (0 without a consumer)
-    prefetched_bytes: int
-    already_resident_bytes: int
-    failed_ranges: int
-    dropped_bytes: int
-
-
-def _trace_figures(path: Path) -> tuple[float | None, float | None, int, int, int, int, int]:
-    from .stats import compute_stats  # noqa: PLC0415
-    from .trace import Trace  # noqa: PLC0415
-
-    trace = Trace.open(path)
-    metrics = compute_stats(trace).total.metrics()
-    t = trace.header.prefetch_totals
-    pf = (t.experts, t.bytes, t.resident_bytes, t.failed, t.dropped_bytes) if t else (0, 0, 0, 0, 0)
-    return (metrics["read_recall"], metrics["precision"], *pf)
-
-
-def measure_cold(model: Path, cfgs: Sequence[Config], lib: Path, args: argparse.Namespace) -> list[ColdRow]:
-    samples: dict[str, list[Sample]] = {c.name: [] for c in cfgs}
-    for rnd in range(args.rounds):
-        order = list(cfgs) if rnd % 2 == 0 else list(reversed(cfgs))
-        for cfg in order:
-            samples[cfg.name].append(_run_one(model, cfg, lib, args))
-            print(f"onebit-bench: cold round {rnd + 1}/{args.rounds} {cfg.name}: "
-                  f"{samples[cfg.name][-1].tok_s:.1f} tok/s", file=sys.stderr)
-    off = statistics.median(s.tok_s for s in samples["patched off"])
-    rows = []
-    for cfg in cfgs:
-        toks = [s.tok_s for s in samples[cfg.name]]
-        left = max(s.resident_after_evict or 0.0 for s in samples[cfg.name]) if cfg.evict else None
-        # the trace of the last round; every round runs the same tokens
-        figures = _trace_figures(Path(cfg.env[ENV_OUT]))
-        rows.append(ColdRow(cfg.name, statistics.median(toks), min(toks), max(toks), statistics.median(toks) / off,
-                            left, *figures))
-    return rows
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
-
-
-def markdown_cold(rows: Sequence[ColdRow], header: str) -> str:
-    lines = [header, "", "| configuration | decode tok/s (median) | min | max | vs patched off | expert pages "
-             "resident at token start (max) | read recall | precision | experts prefetched | MiB prefetched "
-             "| of it resident already | failed | dropped by cap |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in rows:
-        lines.append(f"| {r.name} | {r.median_tok_s:.1f} | {r.min_tok_s:.1f} | {r.max_tok_s:.1f} | "
-                     f"{r.ratio_to_off:.3f} | {_pct(r.resident_after_evict)} | {_pct(r.read_recall)} | {_pct(r.precision)} | {r.prefetched_experts} | "
-                     f"{r.prefetched_bytes / 2**20:.2f} | {r.already_resident_bytes / 2**20:.2f} | {r.failed_ranges} | "
-                     f"{r.dropped_bytes} |")
-    return "\n".join(lines)
-
-
-def detect_eviction(model: Path, lib: Path, args: argparse.Namespace) -> tuple[str, list[str], int]:
-    """(method, what each method did, expert bytes) from a worker that maps the model."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ONEBIT_MOE_PREDICT", "ONEBIT_MOE_PREFETCH"))}
-    env["LLAMA_CPP_LIB_PATH"] = str(lib)
-    cmd = [sys.executable, "-m", "onebit_predict.bench", "--worker", "--detect", str(model)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"eviction check failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    return out["method"], out["notes"], out["expert_bytes"]
 
 
 def markdown(rows: Sequence[Row], header: str) -> str:
@@ -327,7 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"onebit-bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.cold:
-        return _main_cold(args, info.lib_dir)
+        from .bench_cold import main_cold  # noqa: PLC0415
+
+        return main_cold(args, info.lib_dir)
     pristine = pristine_lib_dir()
     with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
         cfgs = configs(Path(tmp), args.layers)
@@ -346,42 +258,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         print(markdown(rows, f"model {args.model.name}, {args.rounds} alternating rounds, prompt {args.prompt}, "
                              f"{args.generate} decoded tokens, {args.threads} threads"))
-    return EXIT_OK
-
-
-def _main_cold(args: argparse.Namespace, lib: Path) -> int:
-    from .drive import DriveError, measure_drive  # noqa: PLC0415
-
-    try:
-        method, notes, expert_bytes = detect_eviction(args.model, lib, args)
-        drive = measure_drive(args.model.resolve().parent)
-    except (RuntimeError, DriveError) as exc:
-        print(f"onebit-bench: {exc}", file=sys.stderr)
-        return EXIT_CHECK_FAILED
-    print(f"onebit-bench: drive under {drive.directory}: {drive.bandwidth_mb_s:.0f} MB/s sequential, "
-          f"{drive.page_read_us:.0f} us per random 4 KiB read", file=sys.stderr)
-    for note in notes:
-        print(f"onebit-bench: eviction {note}", file=sys.stderr)
-    if args.evict_method != "auto":
-        method = args.evict_method
-    args.cold_method = method
-    with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
-        try:
-            rows = measure_cold(args.model, cold_configs(Path(tmp)), lib, args)
-        except RuntimeError as exc:
-            print(f"onebit-bench: {exc}", file=sys.stderr)
-            return EXIT_CHECK_FAILED
-    if args.json:
-        print(json.dumps({"model": str(args.model), "cold": True, "evict_method": method, "eviction_notes": notes,
-                          "expert_bytes": expert_bytes, "drive": asdict(drive), "rounds": args.rounds, "prompt": args.prompt,
-                          "generate": args.generate, "threads": args.threads,
-                          "rows": [asdict(r) for r in rows]}, indent=2))
-    else:
-        print(markdown_cold(rows, f"model {args.model.name}, experts evicted before every token ({method}; "
-                                  f"{expert_bytes / 2**20:.2f} MiB of expert weights), {args.rounds} alternating "
-                                  f"rounds, prompt {args.prompt}, {args.generate} decoded tokens, "
-                                  f"{args.threads} threads; drive {drive.bandwidth_mb_s:.0f} MB/s sequential, "
-                                  f"{drive.page_read_us:.0f} us per random 4 KiB read"))
     return EXIT_OK
 
 

@@ -27,6 +27,8 @@ MAX_LAYERS = 512  # LLAMA_MAX_LAYERS, and the width of the trace's layer mask
 ENV_PREFETCH = "ONEBIT_MOE_PREFETCH"
 ENV_PREFETCH_MAX_BYTES = "ONEBIT_MOE_PREFETCH_MAX_BYTES"
 ENV_PREFETCH_THREADS = "ONEBIT_MOE_PREFETCH_THREADS"
+# a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
+ENV_PREFETCH_DEBUG_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
 
 PREFETCH_OFF = 0
 PREFETCH_ADVISE = 1  # madvise(MADV_WILLNEED) on the predicted experts' pages

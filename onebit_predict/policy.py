@@ -136,14 +136,19 @@ def _parse_bool(name: str, raw: Optional[str], warnings: list[str]) -> bool:
     return False
 
 
-def _parse_mode(raw: Optional[str], warnings: list[str]) -> int:
+def _parse_choice(name: str, raw: Optional[str], choices: Mapping[str, int], warnings: list[str]) -> int:
+    """One of choices (by name, "off" first), blank for off; anything else warns and is off."""
     t = _lower_ascii(_trim(raw))
-    if not t:
-        return MODE_OFF
-    if t in MODES:
-        return MODES[t]
-    warnings.append(f"{ENV_MODE}='{raw}' is not one of off|router|block; using off")
-    return MODE_OFF
+    if t in choices:
+        return choices[t]
+    off = choices["off"]
+    if t:
+        warnings.append(f"{name}='{raw}' is not one of {'|'.join(choices)}; using off")
+    return off
+
+
+def _parse_mode(raw: Optional[str], warnings: list[str]) -> int:
+    return _parse_choice(ENV_MODE, raw, MODES, warnings)
 
 
 def _parse_layer_item(item: str, n_layer: int, mask: set[int], warnings: list[str]) -> None:
@@ -309,13 +314,7 @@ class PrefetchPolicy:
 
 
 def _parse_prefetch_mode(raw: Optional[str], warnings: list[str]) -> int:
-    t = _lower_ascii(_trim(raw))
-    if not t:
-        return PREFETCH_OFF
-    if t in PREFETCH_MODES:
-        return PREFETCH_MODES[t]
-    warnings.append(f"{ENV_PREFETCH}='{raw}' is not one of off|advise|read; using off")
-    return PREFETCH_OFF
+    return _parse_choice(ENV_PREFETCH, raw, PREFETCH_MODES, warnings)
 
 
 def _parse_byte_count(t: str) -> Optional[int]:
