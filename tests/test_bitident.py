@@ -8,6 +8,7 @@ must fail, so a pass means something.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,8 @@ from onebit_predict.trace import TraceHeader
 from onebit_predict.trace_writer import TraceWriter
 
 import numpy as np
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -34,6 +37,18 @@ def test_identical_and_predicted(arch, tiny_model, capsys):
         assert r["mismatch"] is None and r["problem"] is None
         assert r["ran"] == r["mode"]  # block really ran block on every covered architecture
         assert r["predicted_rows"] > 0
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen4exp-tiny"])
+def test_trained_models_identical(name, capsys):
+    """The bundled trained models hold F16 weights, which a CPU with AMX multiplies in its AMX
+    buffer: the batched AMX path (patch 0007) broke the "two sequences" scenario on qwen4exp
+    before it was fixed, while the F32 tiny random models never reach it."""
+    model = REPO_ROOT / "models" / f"{name}.gguf"
+    rc = cli_bitident.main([str(model), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == EXIT_OK, [r for r in report["results"] if not r["ok"]]
+    assert len(report["results"]) == 5 * 4  # every scenario, every default mode
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
