@@ -200,3 +200,23 @@ def test_python_dash_m(router):
     done = subprocess.run([sys.executable, "-m", "onebit_predict.cli_stats", str(router), "--json"],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0 and json.loads(done.stdout)["traces"][0]["total"]["tokens"] == 3
+
+
+def test_engines_agree_through_the_command(capsys, router):
+    rc_c, out_c, _ = run(capsys, router, "--json")
+    rc_np, out_np, _ = run(capsys, router, "--json", "--engine", "numpy")
+    assert rc_c == rc_np == 0
+    assert json.loads(out_c)["traces"][0]["total"] == json.loads(out_np)["traces"][0]["total"]
+
+
+def test_kernel_that_cannot_be_built_is_a_usage_error(capsys, router, monkeypatch):
+    from onebit_predict import cli_stats
+    from onebit_predict.stats_kernel import StatsKernelError
+
+    def no_compiler(*_args, **_kw):
+        raise StatsKernelError("the stats kernel needs a C compiler")
+
+    monkeypatch.setattr(cli_stats, "compute_stats", no_compiler)
+    rc, out, err = run(capsys, router)
+    assert rc == 2 and out == ""
+    assert "needs a C compiler" in err and "--engine numpy" in err
