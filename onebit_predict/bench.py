@@ -158,8 +158,9 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, args: argparse.Namespace) -
     return Sample(out["tok_s"], out["compute_mib"], out["n_layer"], out.get("resident_after_evict"))
 
 
-def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path | None,
-            args: argparse.Namespace) -> list[Row]:
+def collect(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path | None,
+            args: argparse.Namespace) -> dict[str, list[Sample]]:
+    """--rounds samples of every configuration, the order alternating round by round."""
     samples: dict[str, list[Sample]] = {c.name: [] for c in cfgs}
     for rnd in range(args.rounds):
         order = list(cfgs) if rnd % 2 == 0 else list(reversed(cfgs))
@@ -168,6 +169,12 @@ def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path |
             samples[cfg.name].append(run_one(model, cfg, lib_dir, args))
             print(f"onebit-bench: round {rnd + 1}/{args.rounds} {cfg.name}: "
                   f"{samples[cfg.name][-1].tok_s:.1f} tok/s", file=sys.stderr)
+    return samples
+
+
+def measure(model: Path, cfgs: Sequence[Config], lib: Path, lib_pristine: Path | None,
+            args: argparse.Namespace) -> list[Row]:
+    samples = collect(model, cfgs, lib, lib_pristine, args)
     off = statistics.median(s.tok_s for s in samples["patched off"])
     off_mib = samples["patched off"][0].compute_mib
     rows = []

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .bench import Config, Sample, run_one, worker_env
+from .bench import Config, collect, worker_env
 from .constants import ENV_MODE, ENV_OUT, ENV_PREFETCH, ENV_PREFETCH_DEBUG_DRAIN, EXIT_CHECK_FAILED, EXIT_OK
 
 
@@ -75,22 +75,16 @@ def _trace_figures(path: Path) -> tuple[float | None, float | None, int, int, in
 
 
 def measure_cold(model: Path, cfgs: Sequence[Config], lib: Path, args: argparse.Namespace) -> list[ColdRow]:
-    samples: dict[str, list[Sample]] = {c.name: [] for c in cfgs}
-    for rnd in range(args.rounds):
-        order = list(cfgs) if rnd % 2 == 0 else list(reversed(cfgs))
-        for cfg in order:
-            samples[cfg.name].append(run_one(model, cfg, lib, args))
-            print(f"onebit-bench: cold round {rnd + 1}/{args.rounds} {cfg.name}: "
-                  f"{samples[cfg.name][-1].tok_s:.1f} tok/s", file=sys.stderr)
+    samples = collect(model, cfgs, lib, None, args)
     off = statistics.median(s.tok_s for s in samples["patched off"])
     rows = []
     for cfg in cfgs:
         toks = [s.tok_s for s in samples[cfg.name]]
+        med = statistics.median(toks)
         left = max(s.resident_after_evict or 0.0 for s in samples[cfg.name]) if cfg.evict else None
         # the trace of the last round; every round runs the same tokens
         figures = _trace_figures(Path(cfg.env[ENV_OUT]))
-        rows.append(ColdRow(cfg.name, statistics.median(toks), min(toks), max(toks), statistics.median(toks) / off,
-                            left, *figures))
+        rows.append(ColdRow(cfg.name, med, min(toks), max(toks), med / off, left, *figures))
     return rows
 
 

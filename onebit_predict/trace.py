@@ -195,8 +195,9 @@ class TraceHeader:
         if raw["version"] not in TRACE_VERSIONS_READ:
             known = ", ".join(str(v) for v in TRACE_VERSIONS_READ)
             raise TraceError(f"trace version {raw['version']} is not supported (this reader knows versions {known})")
+        has_prefetch = raw["version"] >= 2  # version 1 left offsets 408.. unused
         totals = None
-        if raw["version"] >= 2 and raw["flags"] & TRACE_HDR_FLAG_PREFETCH_TOTALS:
+        if has_prefetch and raw["flags"] & TRACE_HDR_FLAG_PREFETCH_TOTALS:
             err = [int(x) for x in raw["prefetch_errors"]]
             errors = tuple((err[i], err[i + 1]) for i in (0, 2) if err[i + 1] > 0)
             totals = PrefetchTotals(*(int(x) for x in raw["prefetch_totals"]), errors=errors)
@@ -217,9 +218,9 @@ class TraceHeader:
             layer_mask=frozenset(int(i) for i in np.flatnonzero(mask_bits)),
             arch=_c_string(raw["arch"]),
             model=_c_string(raw["model"]),
-            prefetch_mode=int(raw["prefetch_mode"]) if raw["version"] >= 2 else 0,
-            prefetch_threads=int(raw["prefetch_threads"]) if raw["version"] >= 2 else 0,
-            prefetch_max_bytes=int(raw["prefetch_max_bytes"]) if raw["version"] >= 2 else 0,
+            prefetch_mode=int(raw["prefetch_mode"]) if has_prefetch else 0,
+            prefetch_threads=int(raw["prefetch_threads"]) if has_prefetch else 0,
+            prefetch_max_bytes=int(raw["prefetch_max_bytes"]) if has_prefetch else 0,
             prefetch_totals=totals,
         )
         header._validate()

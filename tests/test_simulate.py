@@ -82,6 +82,19 @@ def runs_of(out: str) -> dict[str, dict]:
     return {r["predictor"]: r for r in json.loads(out)["runs"]}
 
 
+def assert_worked_runs(runs: dict[str, dict], expected: dict[str, tuple], none_ms: float) -> None:
+    """Every run of the worked case (3 tokens, 1 MB reads) against (total ms, stalls, stall ms,
+    late, reads, wasted reads, hit rate) worked out by hand."""
+    for name, (total, stalls, stall_ms, late, reads, wasted, hit) in expected.items():
+        x = runs[name]
+        assert x["total_ms"] == total, name
+        assert x["tok_s"] == pytest.approx(3000.0 / total, rel=1e-15), name
+        assert (x["stalls"], x["stall_ms_per_token"] * 3, x["late"]) == (stalls, pytest.approx(stall_ms), late), name
+        assert (x["bytes_read"], x["bytes_wasted"]) == (reads * 1e6, wasted * 1e6), name
+        assert x["hit_rate"] == pytest.approx(hit), name
+        assert x["speedup"] == pytest.approx(none_ms / total), name
+
+
 def test_worked_case(capsys, case):
     rc, out, _ = run(capsys, case, *CASE_ARGS, "--json")
     assert rc == EXIT_OK
@@ -93,15 +106,8 @@ def test_worked_case(capsys, case):
         "router": (24.0, 5, 12.0, 2, 6, 1, 3 / 6),
         "oracle": (21.0, 5, 9.0, 3, 5, 0, 4 / 6),
     }
-    for name, (total, stalls, stall_ms, late, reads, wasted, hit) in expected.items():
-        x = r[name]
-        assert x["total_ms"] == total, name
-        assert x["tok_s"] == pytest.approx(3000.0 / total, rel=1e-15)
-        assert (x["stalls"], x["stall_ms_per_token"] * 3, x["late"]) == (stalls, pytest.approx(stall_ms), late), name
-        assert (x["bytes_read"], x["bytes_wasted"]) == (reads * 1e6, wasted * 1e6), name
-        assert x["hit_rate"] == pytest.approx(hit)
-        assert x["speedup"] == pytest.approx(27.0 / total)
-        assert x["spent_pct"] == 0.0
+    assert_worked_runs(r, expected, none_ms=27.0)
+    assert all(x["spent_pct"] == 0.0 for x in r.values())
     assert r["router"]["saved_pct"] == pytest.approx(100 * 3 / 27)
 
 
@@ -155,13 +161,7 @@ def test_worked_case_cold(capsys, case):
         "router": (27.0, 6, 15.0, 2, 7, 1, 2 / 6),
         "oracle": (24.0, 6, 12.0, 3, 6, 0, 3 / 6),
     }
-    for name, (total, stalls, stall_ms, late, reads, wasted, hit) in expected.items():
-        x = r[name]
-        assert x["total_ms"] == total, name
-        assert (x["stalls"], x["stall_ms_per_token"] * 3, x["late"]) == (stalls, pytest.approx(stall_ms), late), name
-        assert (x["bytes_read"], x["bytes_wasted"]) == (reads * 1e6, wasted * 1e6), name
-        assert x["hit_rate"] == pytest.approx(hit), name
-        assert x["speedup"] == pytest.approx(30.0 / total), name
+    assert_worked_runs(r, expected, none_ms=30.0)
     assert r["router"]["saved_pct"] == pytest.approx(10.0)
     rc, out, _ = run(capsys, case, *CASE_ARGS, "--json")
     assert json.loads(out)["model"]["cold"] is False
