@@ -7,7 +7,7 @@ carries the line it came from, so a failure names the line to look at.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple
 
 import numpy as np
 
@@ -47,7 +47,7 @@ class ReadCase(NamedTuple):
 
 class LayersCase(NamedTuple):
     line: int
-    spec: Optional[str]
+    spec: str | None
     n_layer: int
     layers: frozenset[int]
     n_warnings: int
@@ -74,12 +74,12 @@ class PrefetchCase(NamedTuple):
     env: PrefetchEnv
     predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
     mode: int
-    max_bytes: int     # 0 = no cap
+    max_bytes: int  # 0 = no cap
     n_threads: int
     n_warnings: int
 
 
-Case = Union[DepthCase, MinCase, ReadCase, LayersCase, PolicyCase, PrefetchCase]
+Case = DepthCase | MinCase | ReadCase | LayersCase | PolicyCase | PrefetchCase
 
 
 class CaseFormatError(ValueError):
@@ -93,7 +93,7 @@ def _code_point(hex4: str) -> str:
     return chr(cp)
 
 
-def _string(field: str) -> Optional[str]:
+def _string(field: str) -> str | None:
     """An environment string: '@' is unset, '""' is empty, escapes as the file header says."""
     if field == UNSET:
         return None
@@ -106,10 +106,10 @@ def _string(field: str) -> Optional[str]:
         if c != "\\":
             out.append(c)
             i += 1
-        elif field[i + 1:i + 2] == "u":
-            out.append(_code_point(field[i + 2:i + 6]))
+        elif field[i + 1 : i + 2] == "u":
+            out.append(_code_point(field[i + 2 : i + 6]))
             i += 6
-        elif field[i + 1:i + 2] in ESCAPES:
+        elif field[i + 1 : i + 2] in ESCAPES:
             out.append(ESCAPES[field[i + 1]])
             i += 2
         else:
@@ -154,13 +154,29 @@ def _case(line: int, f: list[str]) -> Case:
         return LayersCase(line, _string(f[1]), int(f[2]), _layer_list(f[3]), int(f[4]))
     if kind == "policy" and n == 19:
         return PolicyCase(
-            line, Env(*map(_string, f[1:8])), int(f[8]), int(f[9]), int(f[10]),
-            MODES[f[11]], int(f[12]), _float32(f[13]), int(f[14]), int(f[15]), _flag(f[16]), _flag(f[17]), int(f[18]),
+            line,
+            Env(*map(_string, f[1:8])),
+            int(f[8]),
+            int(f[9]),
+            int(f[10]),
+            MODES[f[11]],
+            int(f[12]),
+            _float32(f[13]),
+            int(f[14]),
+            int(f[15]),
+            _flag(f[16]),
+            _flag(f[17]),
+            int(f[18]),
         )
     if kind == "prefetch" and n == 9:
         return PrefetchCase(
-            line, PrefetchEnv(*map(_string, f[1:4])), MODES[f[4]],
-            PREFETCH_MODES[f[5]], int(f[6]), int(f[7]), int(f[8]),
+            line,
+            PrefetchEnv(*map(_string, f[1:4])),
+            MODES[f[4]],
+            PREFETCH_MODES[f[5]],
+            int(f[6]),
+            int(f[7]),
+            int(f[8]),
         )
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")
 

@@ -3,7 +3,7 @@
 The parity tests call the C functions through it. The module is compiled once per
 source (the header, the .cpp, the declarations below, cffi and the Python ABI) into
 ``<cache>/cffi/<hash>/``, where the cache root is ``$ONEBIT_CACHE`` or
-``~/.cache/onebit-predict``; later runs load it from there (``onebit_predict.cffi_build``,
+``~/.cache/onebit-predict``; later runs load it from there (``onebit_predict.metrics.cffi_build``,
 shared with the package's own C kernels).
 
 The prefetch consumer's declarations (``PREFETCH_CDEF``) are added only when the header
@@ -16,8 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from onebit_predict.cffi_build import cache_root, load_cffi_module  # noqa: F401 (cache_root: re-exported)
-from onebit_predict.paths import NotBuiltError
+from onebit_predict.llama.paths import NotBuiltError
+from onebit_predict.metrics.cffi_build import cache_root, load_cffi_module  # noqa: F401 (cache_root: re-exported)
 
 MODULE = "_onebit_policy_cffi"
 HEADER = "onebit-moe-policy.h"
@@ -101,8 +101,14 @@ def load_c_policy(src_dir: Path) -> tuple[Any, Any]:
     header_bytes = header.read_bytes()
     cdef = CDEF + (PREFETCH_CDEF if PREFETCH_SYMBOL.encode() in header_bytes else "")
     return load_cffi_module(
-        MODULE, cdef, PRELUDE, sources=[source], depends=[header, source], include_dirs=[src_dir],
-        compile_args=COMPILE_ARGS, source_extension=".cpp",
+        MODULE,
+        cdef,
+        PRELUDE,
+        sources=[source],
+        depends=[header, source],
+        include_dirs=[src_dir],
+        compile_args=COMPILE_ARGS,
+        source_extension=".cpp",
     )
 
 

@@ -15,6 +15,11 @@ ENV_LAYERS = "ONEBIT_MOE_PREDICT_LAYERS"
 ENV_NO_ATTN = "ONEBIT_MOE_PREDICT_NO_ATTN"
 ENV_OUT = "ONEBIT_MOE_PREDICT_OUT"
 ENV_STATS = "ONEBIT_MOE_PREDICT_STATS"
+# controls for checks, never for use (docs/policy.md)
+ENV_DEBUG_SELF = "ONEBIT_MOE_PREDICT_DEBUG_SELF"
+ENV_DEBUG_LEAK = "ONEBIT_MOE_PREDICT_DEBUG_LEAK"
+DEBUG_LEAK_UNCHECKED = "1"  # the speculative block stores, the graph check is off: the output must differ
+DEBUG_LEAK_CHECKED = "check"  # ... with the graph check on: the context must be refused
 
 MODE_OFF = 0
 MODE_ROUTER = 1
@@ -30,9 +35,28 @@ ENV_PREFETCH_THREADS = "ONEBIT_MOE_PREFETCH_THREADS"
 # a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
 ENV_PREFETCH_DEBUG_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
 
+# every variable libllama reads: a check that must not inherit the caller's settings sets or
+# clears each of them
+ENV_ALL = (
+    ENV_MODE,
+    ENV_DEPTH,
+    ENV_MARGIN,
+    ENV_MIN,
+    ENV_LAYERS,
+    ENV_NO_ATTN,
+    ENV_OUT,
+    ENV_STATS,
+    ENV_DEBUG_SELF,
+    ENV_DEBUG_LEAK,
+    ENV_PREFETCH,
+    ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_THREADS,
+    ENV_PREFETCH_DEBUG_DRAIN,
+)
+
 PREFETCH_OFF = 0
 PREFETCH_ADVISE = 1  # madvise(MADV_WILLNEED) on the predicted experts' pages
-PREFETCH_READ = 2    # background workers touch those pages
+PREFETCH_READ = 2  # background workers touch those pages
 PREFETCH_NAMES = {PREFETCH_OFF: "off", PREFETCH_ADVISE: "advise", PREFETCH_READ: "read"}
 
 PREFETCH_THREADS_DEFAULT = 2
@@ -51,9 +75,25 @@ TRACE_HDR_FLAG_NO_ATTN = 1 << 0
 TRACE_HDR_FLAG_STATS = 1 << 1
 TRACE_HDR_FLAG_DEBUG_SELF = 1 << 2
 TRACE_HDR_FLAG_PREFETCH_TOTALS = 1 << 3  # the consumer's totals were written (a clean close)
+TRACE_HDR_FLAG_DEBUG_LEAK = 1 << 4  # the negative control was built into the context's graphs
+TRACE_HDR_FLAG_UNCHECKED = 1 << 5  # ... with the graph check off (ONEBIT_MOE_PREDICT_DEBUG_LEAK=1)
 TRACE_ARCH_BYTES = 32  # NUL-padded
 TRACE_MODEL_BYTES = 256  # NUL-padded, at most 255 bytes of text
 TRACE_CHUNK_RECORDS = 1 << 14  # records a reader holds at once (bounded memory)
+# bounds a reader enforces on the header (docs/trace-format.md, "Bounds a reader enforces")
+TRACE_MAX_EXPERTS = (1 << 31) - 1  # n_expert: expert ids are i32 in the records and in the stats kernel
+TRACE_MAX_DEPTH = 0xFFFF  # depth and n_expert_used: a record's n_read is a u16 (record_size stays < 1 MiB)
+TRACE_HDR_FLAGS_KNOWN = (
+    TRACE_HDR_FLAG_NO_ATTN
+    | TRACE_HDR_FLAG_STATS
+    | TRACE_HDR_FLAG_DEBUG_SELF
+    | TRACE_HDR_FLAG_PREFETCH_TOTALS
+    | TRACE_HDR_FLAG_DEBUG_LEAK
+    | TRACE_HDR_FLAG_UNCHECKED
+)  # other header flag bits are refused
+TRACE_MAX_DEPTH_REQUESTED = 999_999_999  # _DEPTH as parsed: at most 9 digits (policy.MAX_DIGITS)
+TRACE_MAX_PREFETCH_TOTAL = (1 << 63) - 1  # each prefetch total fits an int64
+TRACE_MAX_ERRNO = 4095  # an errno in prefetch_errors (Linux MAX_ERRNO)
 
 # --- onebit-stats (onebit_predict/stats.py) ---------------------------------------------
 STATS_ENGINE_C = "c"  # the compiled kernel (onebit_predict/stats_kernel.c): the default
@@ -77,4 +117,3 @@ SIM_LATENCY_US_DEFAULT = 100.0  # per-read latency of the drive (NVMe random rea
 SIM_QUEUE_DEPTH_DEFAULT = 4  # reads the drive has in service at once (their latencies overlap)
 SIM_ROUTE_AT_DEFAULT = 0.3  # fraction of a layer's compute done before its router (attention, norms)
 SIM_PLOT_BANDWIDTHS = (0.5e9, 1e9, 2e9, 3e9, 5e9, 7e9, 10e9, 14e9, 20e9)  # bytes/s of the tok/s sweep
-SIM_SUBCOMMANDS = ("replay", "simulate")  # onebit-stats SUB ...: dispatched on the first argument

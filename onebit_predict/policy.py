@@ -18,15 +18,31 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, NamedTuple, Optional, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
 from .constants import (
-    ENV_DEPTH, ENV_LAYERS, ENV_MARGIN, ENV_MIN, ENV_MODE, ENV_NO_ATTN, ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES,
-    ENV_PREFETCH_THREADS, ENV_STATS, MAX_LAYERS, MODE_NAMES, MODE_OFF, PREFETCH_MAX_BYTES_LIMIT, PREFETCH_NAMES,
-    PREFETCH_OFF, PREFETCH_THREADS_DEFAULT, PREFETCH_THREADS_MAX,
+    ENV_DEPTH,
+    ENV_LAYERS,
+    ENV_MARGIN,
+    ENV_MIN,
+    ENV_MODE,
+    ENV_NO_ATTN,
+    ENV_PREFETCH,
+    ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_THREADS,
+    ENV_STATS,
+    MAX_LAYERS,
+    MODE_NAMES,
+    MODE_OFF,
+    PREFETCH_MAX_BYTES_LIMIT,
+    PREFETCH_NAMES,
+    PREFETCH_OFF,
+    PREFETCH_THREADS_DEFAULT,
+    PREFETCH_THREADS_MAX,
 )
 
 ASCII_SPACE = " \t\n\r\f\v"
@@ -43,13 +59,13 @@ BYTE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20,
 class Env(NamedTuple):
     """The raw environment, one string per knob; None when the variable is unset."""
 
-    mode: Optional[str] = None     # ONEBIT_MOE_PREDICT
-    depth: Optional[str] = None    # ONEBIT_MOE_PREDICT_DEPTH
-    margin: Optional[str] = None   # ONEBIT_MOE_PREDICT_MARGIN
-    min: Optional[str] = None      # ONEBIT_MOE_PREDICT_MIN
-    layers: Optional[str] = None   # ONEBIT_MOE_PREDICT_LAYERS
-    no_attn: Optional[str] = None  # ONEBIT_MOE_PREDICT_NO_ATTN
-    stats: Optional[str] = None    # ONEBIT_MOE_PREDICT_STATS
+    mode: str | None = None  # ONEBIT_MOE_PREDICT
+    depth: str | None = None  # ONEBIT_MOE_PREDICT_DEPTH
+    margin: str | None = None  # ONEBIT_MOE_PREDICT_MARGIN
+    min: str | None = None  # ONEBIT_MOE_PREDICT_MIN
+    layers: str | None = None  # ONEBIT_MOE_PREDICT_LAYERS
+    no_attn: str | None = None  # ONEBIT_MOE_PREDICT_NO_ATTN
+    stats: str | None = None  # ONEBIT_MOE_PREDICT_STATS
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Env:
@@ -61,15 +77,15 @@ class Env(NamedTuple):
 class Policy:
     """The policy as parsed and resolved against one model (C ``struct onebit_policy``)."""
 
-    mode: int                   # MODE_OFF, MODE_ROUTER or MODE_BLOCK
-    depth_requested: int        # _DEPTH as parsed, 0 when unset or ignored
-    depth: int                  # effective depth, in [1, n_expert]
-    margin: float               # a binary32 value; math.inf when there is no gate
-    min_requested: int          # _MIN as parsed, -1 when unset or ignored
-    min_read: int               # effective floor, in [0, depth]
+    mode: int  # MODE_OFF, MODE_ROUTER or MODE_BLOCK
+    depth_requested: int  # _DEPTH as parsed, 0 when unset or ignored
+    depth: int  # effective depth, in [1, n_expert]
+    margin: float  # a binary32 value; math.inf when there is no gate
+    min_requested: int  # _MIN as parsed, -1 when unset or ignored
+    min_read: int  # effective floor, in [0, depth]
     no_attn: bool
     stats: bool
-    n_layer_predicted: int      # len(layer_mask)
+    n_layer_predicted: int  # len(layer_mask)
     layer_mask: frozenset[int]  # the layers l predicted (from layer l-1)
 
     @property
@@ -77,7 +93,7 @@ class Policy:
         return tuple(sorted(self.layer_mask))
 
 
-def _trim(s: Optional[str]) -> str:
+def _trim(s: str | None) -> str:
     return (s or "").strip(ASCII_SPACE)
 
 
@@ -92,29 +108,29 @@ def _count_digits(s: str, i: int) -> int:
     return n
 
 
-def _parse_digits(s: str) -> Optional[int]:
+def _parse_digits(s: str) -> int | None:
     if not 1 <= len(s) <= MAX_DIGITS or _count_digits(s, 0) != len(s):
         return None
     return int(s)
 
 
-def _parse_uint(t: str) -> Optional[int]:
+def _parse_uint(t: str) -> int | None:
     return _parse_digits(t[1:] if t.startswith("+") else t)
 
 
-def _parse_nonneg_float(t: str) -> Optional[float]:
+def _parse_nonneg_float(t: str) -> float | None:
     i = 1 if t.startswith("+") else 0
     n_int = _count_digits(t, i)
     i += n_int
     n_frac = 0
-    if t[i:i + 1] == ".":
+    if t[i : i + 1] == ".":
         n_frac = _count_digits(t, i + 1)
         i += 1 + n_frac
     if n_int == 0 and n_frac == 0:
         return None
-    if t[i:i + 1] in ("e", "E"):
+    if t[i : i + 1] in ("e", "E"):
         i += 1
-        if t[i:i + 1] in ("+", "-"):
+        if t[i : i + 1] in ("+", "-"):
             i += 1
         n_exp = _count_digits(t, i)
         if n_exp == 0:
@@ -127,7 +143,7 @@ def _parse_nonneg_float(t: str) -> Optional[float]:
     return float(value) if math.isfinite(value) else None
 
 
-def _parse_bool(name: str, raw: Optional[str], warnings: list[str]) -> bool:
+def _parse_bool(name: str, raw: str | None, warnings: list[str]) -> bool:
     t = _lower_ascii(_trim(raw))
     if t in BOOL_TRUE:
         return True
@@ -136,7 +152,7 @@ def _parse_bool(name: str, raw: Optional[str], warnings: list[str]) -> bool:
     return False
 
 
-def _parse_choice(name: str, raw: Optional[str], choices: Mapping[str, int], warnings: list[str]) -> int:
+def _parse_choice(name: str, raw: str | None, choices: Mapping[str, int], warnings: list[str]) -> int:
     """One of choices (by name, "off" first), blank for off; anything else warns and is off."""
     t = _lower_ascii(_trim(raw))
     if t in choices:
@@ -147,37 +163,44 @@ def _parse_choice(name: str, raw: Optional[str], choices: Mapping[str, int], war
     return off
 
 
-def _parse_mode(raw: Optional[str], warnings: list[str]) -> int:
+def _parse_mode(raw: str | None, warnings: list[str]) -> int:
     return _parse_choice(ENV_MODE, raw, MODES, warnings)
+
+
+def layer_range(item: str) -> tuple[int, int] | None:
+    """One item of a layer list, ``N`` or ``A-B`` (ASCII digits, at most MAX_DIGITS each), as
+    (first, last), a reversed range as given; None when it is neither (the grammar of the
+    layer lists in docs/policy.md, shared with the commands' ``--layers``)."""
+    lo, dash, hi = item.partition("-")
+    a = _parse_digits(lo)
+    b = _parse_digits(hi) if dash else a
+    if a is None or b is None:
+        return None
+    return a, b
 
 
 def _parse_layer_item(item: str, n_layer: int, mask: set[int], warnings: list[str]) -> None:
     if not item:
         warnings.append(f"{ENV_LAYERS} has an empty item; ignored")
         return
-    lo, dash, hi = item.partition("-")
-    a = _parse_digits(lo)
-    b = _parse_digits(hi) if dash else a
-    if a is None or b is None:
+    bounds = layer_range(item)
+    if bounds is None:
         warnings.append(f"{ENV_LAYERS} item '{item}' is not N or A-B; ignored")
         return
+    a, b = bounds
     if a > b:
         warnings.append(f"{ENV_LAYERS} item '{item}' is a reversed range; ignored")
         return
     if b >= n_layer:
-        warnings.append(
-            f"{ENV_LAYERS} item '{item}' is out of range (the model has layers 0..{n_layer - 1}); ignored"
-        )
+        warnings.append(f"{ENV_LAYERS} item '{item}' is out of range (the model has layers 0..{n_layer - 1}); ignored")
         return
     if a == 0:
-        warnings.append(
-            f"{ENV_LAYERS} item '{item}' includes layer 0, which has no layer before it; layer 0 ignored"
-        )
+        warnings.append(f"{ENV_LAYERS} item '{item}' includes layer 0, which has no layer before it; layer 0 ignored")
         a = 1
     mask.update(range(a, b + 1))
 
 
-def parse_layers(spec: Optional[str], n_layer: int) -> tuple[frozenset[int], list[str]]:
+def parse_layers(spec: str | None, n_layer: int) -> tuple[frozenset[int], list[str]]:
     """The layers a layer list predicts ("1,2,5-9,47"); None or blank predicts every layer from 1."""
     n_layer = min(n_layer, MAX_LAYERS)
     t = _trim(spec)
@@ -253,9 +276,7 @@ def parse_policy(env: Env, n_layer: int, n_expert: int, n_expert_used: int) -> t
     if t:
         v = _parse_nonneg_float(t)
         if v is None:
-            warnings.append(
-                f"{ENV_MARGIN}='{env.margin}' is not a finite non-negative number; ignored (no gate)"
-            )
+            warnings.append(f"{ENV_MARGIN}='{env.margin}' is not a finite non-negative number; ignored (no gate)")
         else:
             margin = v
 
@@ -294,9 +315,9 @@ def parse_policy(env: Env, n_layer: int, n_expert: int, n_expert_used: int) -> t
 class PrefetchEnv(NamedTuple):
     """The prefetch consumer's raw environment, one string per knob; None when unset."""
 
-    mode: Optional[str] = None       # ONEBIT_MOE_PREFETCH
-    max_bytes: Optional[str] = None  # ONEBIT_MOE_PREFETCH_MAX_BYTES
-    threads: Optional[str] = None    # ONEBIT_MOE_PREFETCH_THREADS
+    mode: str | None = None  # ONEBIT_MOE_PREFETCH
+    max_bytes: str | None = None  # ONEBIT_MOE_PREFETCH_MAX_BYTES
+    threads: str | None = None  # ONEBIT_MOE_PREFETCH_THREADS
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> PrefetchEnv:
@@ -308,16 +329,16 @@ class PrefetchEnv(NamedTuple):
 class PrefetchPolicy:
     """The prefetch consumer as parsed (C ``struct onebit_prefetch_policy``)."""
 
-    mode: int       # PREFETCH_OFF, PREFETCH_ADVISE or PREFETCH_READ
+    mode: int  # PREFETCH_OFF, PREFETCH_ADVISE or PREFETCH_READ
     n_threads: int  # read-mode workers, in [1, PREFETCH_THREADS_MAX]
     max_bytes: int  # cap on speculative bytes per token of a ubatch, 0 = no cap
 
 
-def _parse_prefetch_mode(raw: Optional[str], warnings: list[str]) -> int:
+def _parse_prefetch_mode(raw: str | None, warnings: list[str]) -> int:
     return _parse_choice(ENV_PREFETCH, raw, PREFETCH_MODES, warnings)
 
 
-def _parse_byte_count(t: str) -> Optional[int]:
+def _parse_byte_count(t: str) -> int | None:
     """1..12 ASCII digits, then an optional k|m|g|kib|mib|gib (t is already lower-cased); at most 1 TiB."""
     n = _count_digits(t, 0)
     if not 1 <= n <= MAX_BYTE_DIGITS:
@@ -337,9 +358,7 @@ def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy,
     warnings: list[str] = []
     mode = _parse_prefetch_mode(env.mode, warnings)
     if mode != PREFETCH_OFF and predict_mode == MODE_OFF:
-        warnings.append(
-            f"{ENV_PREFETCH}={PREFETCH_NAMES[mode]} needs {ENV_MODE}=router or block; using off"
-        )
+        warnings.append(f"{ENV_PREFETCH}={PREFETCH_NAMES[mode]} needs {ENV_MODE}=router or block; using off")
         mode = PREFETCH_OFF
 
     max_bytes = 0

@@ -3,7 +3,10 @@
 The records are a numpy memmap with a structured dtype built from the header's
 ``n_expert_used`` and ``depth``, so a trace of any size is read without one Python object
 per record, and ``Trace.iter_chunks`` walks it in bounded memory. A bad header raises
-``TraceError``; a partial last record (a crash mid-write) is dropped with a logged warning.
+``TraceError`` naming the field, its value and the range it must lie in (every field is
+bounded: docs/trace-format.md, "Bounds a reader enforces"), so no later int32 or size
+arithmetic can overflow; a partial last record (a crash mid-write) is dropped with a logged
+warning.
 """
 
 from __future__ import annotations
@@ -21,14 +24,25 @@ from .constants import (
     MAX_LAYERS,
     MODE_NAMES,
     MODE_ROUTER,
+    PREFETCH_MAX_BYTES_LIMIT,
     PREFETCH_NAMES,
+    PREFETCH_THREADS_MAX,
     TRACE_ARCH_BYTES,
     TRACE_CHUNK_RECORDS,
+    TRACE_HDR_FLAG_DEBUG_LEAK,
+    TRACE_HDR_FLAG_DEBUG_SELF,
     TRACE_HDR_FLAG_NO_ATTN,
     TRACE_HDR_FLAG_PREFETCH_TOTALS,
     TRACE_HDR_FLAG_STATS,
+    TRACE_HDR_FLAG_UNCHECKED,
+    TRACE_HDR_FLAGS_KNOWN,
     TRACE_HEADER_SIZE,
     TRACE_MAGIC,
+    TRACE_MAX_DEPTH,
+    TRACE_MAX_DEPTH_REQUESTED,
+    TRACE_MAX_ERRNO,
+    TRACE_MAX_EXPERTS,
+    TRACE_MAX_PREFETCH_TOTAL,
     TRACE_MODEL_BYTES,
     TRACE_RECORD_FIXED,
     TRACE_VERSION,
@@ -82,7 +96,7 @@ class PrefetchTotals(NamedTuple):
 
 
 class TraceError(ValueError):
-    """The file is not a trace this reader can read (bad magic, version or sizes)."""
+    """The file is not a trace this reader can read (bad magic, version, or a field out of bounds)."""
 
 
 def record_size(n_expert_used: int, depth: int) -> int:
@@ -196,8 +210,18 @@ class TraceHeader:
             known = ", ".join(str(v) for v in TRACE_VERSIONS_READ)
             raise TraceError(f"trace version {raw['version']} is not supported (this reader knows versions {known})")
         has_prefetch = raw["version"] >= 2  # version 1 left offsets 408.. unused
+        problems = []  # what only the raw bytes show; _validate adds the rest
+        strings = (("arch", 120, TRACE_ARCH_BYTES), ("model", 120 + TRACE_ARCH_BYTES, TRACE_MODEL_BYTES))
+        for name, offset, size in strings:
+            if buf[offset + size - 1] != 0:  # the writer copies at most size-1 bytes
+                problems.append(f"{name} is not NUL-terminated within its {size} bytes")
+        if not has_prefetch and raw["flags"] & TRACE_HDR_FLAG_PREFETCH_TOTALS:
+            problems.append(f"flags {int(raw['flags']):#x}: bit 3 (PREFETCH_TOTALS) is set in a version-1 trace")
         totals = None
         if has_prefetch and raw["flags"] & TRACE_HDR_FLAG_PREFETCH_TOTALS:
+            for i, (e, n) in enumerate(zip(raw["prefetch_errors"][0::2], raw["prefetch_errors"][1::2])):
+                if n > 0 and not 1 <= e <= TRACE_MAX_ERRNO:
+                    problems.append(f"prefetch_errors[{i}] errno {int(e)} is not in 1..{TRACE_MAX_ERRNO}")
             err = [int(x) for x in raw["prefetch_errors"]]
             errors = tuple((err[i], err[i + 1]) for i in (0, 2) if err[i + 1] > 0)
             totals = PrefetchTotals(*(int(x) for x in raw["prefetch_totals"]), errors=errors)
@@ -223,45 +247,95 @@ class TraceHeader:
             prefetch_max_bytes=int(raw["prefetch_max_bytes"]) if has_prefetch else 0,
             prefetch_totals=totals,
         )
-        header._validate()
+        header._validate(problems)
         return header
 
-    def _validate(self) -> None:
+    def _validate(self, problems: list[str]) -> None:
+        """Add every field out of its bounds to ``problems``; raise TraceError if there are any.
+
+        The bounds are docs/trace-format.md's "Bounds a reader enforces". The layer mask is
+        not bounded here: its 512 bits cannot overflow anything, and a bit at or above
+        n_layer (or layer 0) is reported by onebit-stats' consistency control instead.
+        """
+        problems += self._shape_problems() + self._policy_problems() + self._prefetch_problems()
+        if problems:
+            raise TraceError("bad trace header: " + "; ".join(problems))
+
+    def _shape_problems(self) -> list[str]:
+        """The sizes: header, layers, experts, top-k, depth and the record size they give."""
         problems = []
         if self.header_size != TRACE_HEADER_SIZE:
             problems.append(f"header_size {self.header_size} != {TRACE_HEADER_SIZE}")
         if not 1 <= self.n_layer <= MAX_LAYERS:
             problems.append(f"n_layer {self.n_layer} is not in 1..{MAX_LAYERS}")
-        if self.n_expert < 1:
-            problems.append("n_expert is 0")
-        if not 1 <= self.n_expert_used <= self.n_expert:
-            problems.append(f"n_expert_used {self.n_expert_used} is not in 1..n_expert ({self.n_expert})")
-        if not 1 <= self.depth <= self.n_expert:
-            problems.append(f"depth {self.depth} is not in 1..n_expert ({self.n_expert})")
+        if not 1 <= self.n_expert <= TRACE_MAX_EXPERTS:
+            problems.append(f"n_expert is {self.n_expert}, not in 1..{TRACE_MAX_EXPERTS}")
+        top = f"n_expert ({self.n_expert})" if self.n_expert <= TRACE_MAX_DEPTH else str(TRACE_MAX_DEPTH)
+        for name in ("n_expert_used", "depth"):
+            if not 1 <= getattr(self, name) <= min(self.n_expert, TRACE_MAX_DEPTH):
+                problems.append(f"{name} {getattr(self, name)} is not in 1..{top}")
         if self.record_size != record_size(self.n_expert_used, self.depth):
             problems.append(
                 f"record_size {self.record_size} != {record_size(self.n_expert_used, self.depth)}"
                 f" (20 + 8*n_expert_used + 8*depth with n_expert_used={self.n_expert_used}, depth={self.depth})"
             )
+        return problems
+
+    def _policy_problems(self) -> list[str]:
+        """The predictor's settings and the flags."""
+        problems = []
         if self.mode not in MODE_NAMES:
-            problems.append(f"unknown mode {self.mode}")
+            known = ", ".join(f"{k} {v}" for k, v in MODE_NAMES.items())
+            problems.append(f"unknown mode {self.mode} (known: {known})")
+        if not 0 <= self.depth_requested <= TRACE_MAX_DEPTH_REQUESTED:
+            problems.append(f"depth_requested {self.depth_requested} is not in 0..{TRACE_MAX_DEPTH_REQUESTED}")
         if not self.margin >= 0:  # also rejects NaN
             problems.append(f"margin {self.margin} is not a non-negative number or +inf")
         if self.min_read > self.depth:
             problems.append(f"min_read {self.min_read} exceeds depth {self.depth}")
+        if self.flags & ~TRACE_HDR_FLAGS_KNOWN:
+            unknown = self.flags & ~TRACE_HDR_FLAGS_KNOWN
+            problems.append(f"flags {self.flags:#x} has unknown bits {unknown:#x} (known: {TRACE_HDR_FLAGS_KNOWN:#x})")
+        return problems
+
+    def _prefetch_problems(self) -> list[str]:
+        """The prefetch consumer's fields (zero in version 1)."""
+        problems = []
         if self.prefetch_mode not in PREFETCH_NAMES:
-            problems.append(f"unknown prefetch mode {self.prefetch_mode}")
+            known = ", ".join(f"{k} {v}" for k, v in PREFETCH_NAMES.items())
+            problems.append(f"unknown prefetch mode {self.prefetch_mode} (known: {known})")
+        if not 0 <= self.prefetch_threads <= PREFETCH_THREADS_MAX:
+            problems.append(f"prefetch_threads {self.prefetch_threads} is not in 0..{PREFETCH_THREADS_MAX}")
         if self.prefetch_max_bytes < 0:
             problems.append(f"prefetch cap {self.prefetch_max_bytes} is negative")
-        if problems:
-            raise TraceError("bad trace header: " + "; ".join(problems))
+        elif self.prefetch_max_bytes > PREFETCH_MAX_BYTES_LIMIT:
+            problems.append(f"prefetch_max_bytes {self.prefetch_max_bytes} is not in 0..{PREFETCH_MAX_BYTES_LIMIT}")
+        if self.prefetch_totals is not None:
+            for name, value in zip(PrefetchTotals._fields, self.prefetch_totals[:9]):
+                if value > TRACE_MAX_PREFETCH_TOTAL:
+                    problems.append(f"prefetch_totals.{name} {value} is not in 0..{TRACE_MAX_PREFETCH_TOTAL}")
+        return problems
 
     def to_bytes(self) -> bytes:
         """Encode as the 512-byte header (no validation: tests write bad headers with it)."""
         raw = np.zeros((), dtype=HEADER_DTYPE)
-        for name in ("version", "header_size", "record_size", "n_layer", "n_expert", "n_expert_used",
-                     "depth", "mode", "depth_requested", "margin", "min_read", "flags",
-                     "prefetch_mode", "prefetch_threads", "prefetch_max_bytes"):
+        for name in (
+            "version",
+            "header_size",
+            "record_size",
+            "n_layer",
+            "n_expert",
+            "n_expert_used",
+            "depth",
+            "mode",
+            "depth_requested",
+            "margin",
+            "min_read",
+            "flags",
+            "prefetch_mode",
+            "prefetch_threads",
+            "prefetch_max_bytes",
+        ):
             raw[name] = getattr(self, name)
         if self.prefetch_totals is not None:
             raw["flags"] |= TRACE_HDR_FLAG_PREFETCH_TOTALS
@@ -293,6 +367,21 @@ class TraceHeader:
         return bool(self.flags & TRACE_HDR_FLAG_STATS)
 
     @property
+    def debug_self(self) -> bool:
+        """A control trace: each layer ranked by its own router."""
+        return bool(self.flags & TRACE_HDR_FLAG_DEBUG_SELF)
+
+    @property
+    def debug_leak(self) -> bool:
+        """The negative control was built into the context's graphs."""
+        return bool(self.flags & TRACE_HDR_FLAG_DEBUG_LEAK)
+
+    @property
+    def graph_check_off(self) -> bool:
+        """The negative control ran with the graph check off (``_DEBUG_LEAK=1``)."""
+        return bool(self.flags & TRACE_HDR_FLAG_UNCHECKED)
+
+    @property
     def dtype(self) -> np.dtype:
         """The structured dtype of this trace's records."""
         return record_dtype(self.n_expert_used, self.depth)
@@ -312,13 +401,18 @@ class Trace:
         """Open and validate ``path``; OSError if it cannot be read, TraceError if it is not a trace."""
         path = Path(path)
         with path.open("rb") as f:
-            header = TraceHeader.from_bytes(f.read(TRACE_HEADER_SIZE))
+            try:
+                header = TraceHeader.from_bytes(f.read(TRACE_HEADER_SIZE))
+            except TraceError as e:  # the message names the file: a command may open several
+                raise TraceError(f"{path}: {e}") from None
         body = path.stat().st_size - TRACE_HEADER_SIZE
         n_records, dropped = divmod(body, header.record_size)
         if dropped:
             logger.warning(
                 "%s: truncated trace: dropped %d bytes of a partial last record (read %d whole records)",
-                path, dropped, n_records,
+                path,
+                dropped,
+                n_records,
             )
         if n_records:
             records = np.memmap(path, dtype=header.dtype, mode="r", offset=TRACE_HEADER_SIZE, shape=(n_records,))

@@ -3,7 +3,8 @@
 Decimal prefixes are powers of 1000 (kB, MB, GB, TB; ``K``, ``M``, ``G``, ``T`` alone mean
 the same), binary ones powers of 1024 (KiB, MiB, GiB, TiB). A bare number is bytes (or bytes
 per second). Prefixes are case-insensitive, but the byte must be a capital ``B``: a lower-case
-``b`` means bits and is refused (``3Gb/s`` is an error, not 3 GB/s). Anything unparsable, zero, negative or not finite raises ``ValueError``
+``b`` means bits and is refused (``3Gb/s`` is an error, not 3 GB/s). Anything unparsable, zero,
+negative or not finite raises ``ValueError``
 with the text in the message.
 """
 
@@ -13,9 +14,20 @@ import math
 import re
 
 _UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
 }
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 

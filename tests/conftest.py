@@ -1,49 +1,112 @@
-"""Shared pytest fixtures, one section per topic; add yours in a section of its own."""
+"""Shared pytest fixtures and markers, one section per topic; add yours in a section of its own.
+
+Tests that need the patched llama.cpp build carry the ``needs_build`` marker: explicitly, or
+by asking for a fixture that needs it (BUILD_FIXTURES). Without the build they fail with a
+message saying so; ``pytest -m "not needs_build"`` runs everything else.
+"""
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
 from ctest_port.cffi_policy import load_c_policy
-from onebit_predict.paths import NotBuiltError, llama_tree
+from onebit_predict.llama.paths import NotBuiltError, build_info, llama_tree
+from onebit_predict.trace import TraceHeader
+from onebit_predict.trace_writer import TraceWriter
+
+REPO = Path(__file__).resolve().parent.parent
+
+# --- the needs_build marker ------------------------------------------------------------------
+
+# fixtures that need the patched build (tiny_model, patched_llama) or only its source tree
+# (c_policy, c_prefetch: ONEBIT_LLAMA_TREE is enough)
+BUILD_FIXTURES = {"tiny_model", "patched_llama"}
+TREE_FIXTURES = {"c_policy", "c_prefetch"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if (BUILD_FIXTURES | TREE_FIXTURES) & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.needs_build)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("needs_build") is None:
+        return
+    tree_only = not BUILD_FIXTURES & set(getattr(item, "fixturenames", ())) and (
+        TREE_FIXTURES & set(getattr(item, "fixturenames", ()))
+    )
+    try:
+        llama_tree() if tree_only else build_info()
+        return
+    except NotBuiltError as e:
+        missing = str(e)
+    pytest.fail(
+        f"{missing}\nthis test needs the patched llama.cpp build (marker needs_build): run ./build.sh, "
+        "or deselect it with -m 'not needs_build'",
+        pytrace=False,
+    )
 
 
 # --- the C++ environment policy through cffi (tests/test_policy_parity.py) ----------------
 
+
 @pytest.fixture(scope="session")
 def c_policy():
     """``(ffi, lib)`` of src/onebit-moe-policy.cpp in the patched tree (ONEBIT_LLAMA_TREE, or the
-    tree build.sh recorded). Without a tree the tests fail, or skip when ONEBIT_ALLOW_SKIP=1."""
-    try:
-        return load_c_policy(llama_tree() / "src")
-    except NotBuiltError as e:
-        if os.environ.get("ONEBIT_ALLOW_SKIP") == "1":
-            pytest.skip(f"no patched llama.cpp tree (ONEBIT_ALLOW_SKIP=1): {e}")
-        pytest.fail(str(e), pytrace=False)
-
-# --- end of the C++ policy section ---------------------------------------------------------
+    tree build.sh recorded); the needs_build marker fails the test without one."""
+    return load_c_policy(llama_tree() / "src")
 
 
 # --- tiny random models written by the patched build (bit-identity, traces, commands) ----
 
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """``tiny_model(arch)``: the path of a tiny random GGUF of that architecture (made once)."""
-    from onebit_predict.tiny import write_tiny_model
+    from onebit_predict.llama.tiny import write_tiny_model
 
-    made: dict[str, object] = {}
+    made: dict[str, Path] = {}
     root = tmp_path_factory.mktemp("tiny")
 
-    def get(arch: str):
+    def get(arch: str) -> Path:
         if arch not in made:
-            try:
-                made[arch] = write_tiny_model(arch, root / f"{arch}.gguf")
-            except NotBuiltError as e:
-                pytest.fail(str(e), pytrace=False)
+            made[arch] = write_tiny_model(arch, root / f"{arch}.gguf")
         return made[arch]
 
     return get
 
-# --- end of the tiny models section ---------------------------------------------------------
+
+# --- traces written by hand (trace reader, stats, replay, simulate, commands) ------------
+
+
+@pytest.fixture(scope="session")
+def write_trace() -> Callable[..., Path]:
+    """``write_trace(path, header, rows=())``: a trace of ``rows`` (TraceWriter.add keyword dicts)."""
+
+    def write(path: Path, header: TraceHeader, rows: Iterable[Mapping[str, object]] = ()) -> Path:
+        with TraceWriter(path, header) as w:
+            for row in rows:
+                w.add(**row)
+        return path
+
+    return write
+
+
+# --- running a command in-process ------------------------------------------------------------
+
+
+@pytest.fixture
+def run_cli(capsys) -> Callable[..., tuple[int, str, str]]:
+    """``run_cli(main, *args)``: (exit code, stdout, stderr) of a command's ``main``; never a traceback."""
+
+    def run(main: Callable[[Sequence[str]], int], *args: object) -> tuple[int, str, str]:
+        rc = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        return rc, out, err
+
+    return run

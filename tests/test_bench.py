@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 
-from onebit_predict import bench
+from onebit_predict.commands.bench import main as bench_main
 from onebit_predict.constants import EXIT_OK, EXIT_USAGE
 
 
 def test_bench_reports_every_configuration(tiny_model, capsys):
-    rc = bench.main([str(tiny_model("qwen3moe")), "--rounds", "1", "--prompt", "8", "--generate", "4", "--json"])
+    rc = bench_main([str(tiny_model("qwen3moe")), "--rounds", "1", "--prompt", "8", "--generate", "4", "--json"])
     assert rc == EXIT_OK
     report = json.loads(capsys.readouterr().out)
     names = [r["name"] for r in report["rows"]]
@@ -28,10 +28,10 @@ def test_bench_reports_every_configuration(tiny_model, capsys):
 
 
 def test_bench_usage(tmp_path, capsys):
-    assert bench.main([str(tmp_path / "none.gguf")]) == EXIT_USAGE
+    assert bench_main([str(tmp_path / "none.gguf")]) == EXIT_USAGE
     (tmp_path / "m.gguf").write_bytes(b"x")
-    assert bench.main([str(tmp_path / "m.gguf"), "--rounds", "0"]) == EXIT_USAGE
+    assert bench_main([str(tmp_path / "m.gguf"), "--rounds", "0"]) == EXIT_USAGE
     assert "no such file" in capsys.readouterr().err
     (tmp_path / "short.txt").write_bytes(b"abc")
-    assert bench.main([str(tmp_path / "m.gguf"), "--text-file", str(tmp_path / "short.txt")]) == EXIT_USAGE
+    assert bench_main([str(tmp_path / "m.gguf"), "--text-file", str(tmp_path / "short.txt")]) == EXIT_USAGE
     assert "must exist and hold at least" in capsys.readouterr().err

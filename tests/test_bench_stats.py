@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
-from onebit_predict.stats import compute_stats
+from onebit_predict.metrics.stats import compute_stats
 from onebit_predict.trace import Trace
 
 TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench_stats.py"
@@ -33,7 +33,9 @@ def bench_stats():
 def check_layout(trace: Trace) -> None:
     """What docs/trace-format.md promises beyond what the stats' consistency control checks."""
     h, rec = trace.header, trace.records
-    step, seq, pos, layer, flags = (np.asarray(rec[k]).astype(np.int64) for k in ("step", "seq_id", "pos", "layer", "flags"))
+    step, seq, pos, layer, flags = (
+        np.asarray(rec[k]).astype(np.int64) for k in ("step", "seq_id", "pos", "layer", "flags")
+    )
     assert (np.diff(step) >= 0).all() and step[0] == 0  # steps ascending
     assert ((np.diff(layer) >= 0) | (np.diff(step) > 0)).all()  # layer-major within a step
     assert (((flags & TRACE_FLAG_PREDICTED) != 0) == (layer >= 1)).all()  # predicted on layers >= 1
@@ -43,8 +45,8 @@ def check_layout(trace: Trace) -> None:
         rows = layer[at] == 0
         row_seq, row_pos = seq[at][rows], pos[at][rows]
         # every layer but the last has every row of the step, in the same ubatch order
-        for l in range(h.n_layer - 1):
-            assert (seq[at][layer[at] == l] == row_seq).all() and (pos[at][layer[at] == l] == row_pos).all()
+        for il in range(h.n_layer - 1):
+            assert (seq[at][layer[at] == il] == row_seq).all() and (pos[at][layer[at] == il] == row_pos).all()
         # the last layer: only output rows (one per sequence of the step, its last row)
         last = (seq[at][layer[at] == h.n_layer - 1], pos[at][layer[at] == h.n_layer - 1])
         assert sorted(zip(*last)) == sorted((q, row_pos[row_seq == q].max()) for q in np.unique(row_seq))
@@ -107,15 +109,20 @@ def test_bench_reports_both_passes(bench_stats, tmp_path, capsys):
 
 
 def test_bench_with_the_numpy_engine(bench_stats, tmp_path, capsys):
-    rc = bench_stats.main(["--size-mib", "4", "--rounds", "1", "--trace", str(tmp_path / "t.trace"), "--json",
-                           "--with-numpy-engine"])
+    rc = bench_stats.main(
+        ["--size-mib", "4", "--rounds", "1", "--trace", str(tmp_path / "t.trace"), "--json", "--with-numpy-engine"]
+    )
     assert rc in (EXIT_OK, EXIT_CHECK_FAILED)
     report = json.loads(capsys.readouterr().out)
-    assert [r["name"] for r in report["rows"]] == ["(a) onebit-stats --json", "(b) numpy memmap pass",
-                                                   "(c) numpy engine"]
+    assert [r["name"] for r in report["rows"]] == [
+        "(a) onebit-stats --json",
+        "(b) numpy memmap pass",
+        "(c) numpy engine",
+    ]
     assert report["rows"][2]["median_wall_s"] > 0 and report["kernel_build_s"] >= 0
-    assert report["ratio"] == pytest.approx(report["rows"][0]["median_wall_s"] / report["rows"][1]["median_wall_s"],
-                                            rel=1e-2)
+    assert report["ratio"] == pytest.approx(
+        report["rows"][0]["median_wall_s"] / report["rows"][1]["median_wall_s"], rel=1e-2
+    )
 
 
 def test_bench_keep_reuses_the_trace(bench_stats, tmp_path, capsys):

@@ -10,42 +10,47 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from onebit_predict import cli_bitident
-from onebit_predict.bitident import first_mismatch, prediction_problem
+from onebit_predict.checks.bitident import first_mismatch, prediction_problem
+from onebit_predict.commands.bitident import main as bitident_main
 from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, MODE_ROUTER
-from onebit_predict.tiny import TINY_ARCHS
-from onebit_predict.trace import TraceHeader
+from onebit_predict.llama.tiny import TINY_ARCHS
+from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
-
-import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_identical_and_predicted(arch, tiny_model, capsys):
-    rc = cli_bitident.main([str(tiny_model(arch)), "--json"])
+    rc = bitident_main([str(tiny_model(arch)), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == EXIT_OK, report
     assert report["identical"] is True
     scenarios = {r["scenario"] for r in report["results"]}
-    assert scenarios == {"prefill+decode", "prefill+decode flash-attn", "prefill+decode 1 thread",
-                         "two sequences", "save+restore"}
+    assert scenarios == {
+        "prefill+decode",
+        "prefill+decode flash-attn",
+        "prefill+decode 1 thread",
+        "two sequences",
+        "save+restore",
+    }
     for r in report["results"]:
         assert r["mismatch"] is None and r["problem"] is None
         assert r["ran"] == r["mode"]  # block really ran block on every covered architecture
         assert r["predicted_rows"] > 0
 
 
+@pytest.mark.needs_build
 @pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen4exp-tiny"])
 def test_trained_models_identical(name, capsys):
     """The bundled trained models hold F16 weights, which a CPU with AMX multiplies in its AMX
-    buffer: the batched AMX path (patch 0007) broke the "two sequences" scenario on qwen4exp
+    buffer: the batched AMX path (the series' ggml-cpu AMX fix) broke the "two sequences" scenario on qwen4exp
     before it was fixed, while the F32 tiny random models never reach it."""
     model = REPO_ROOT / "models" / f"{name}.gguf"
-    rc = cli_bitident.main([str(model), "--json"])
+    rc = bitident_main([str(model), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == EXIT_OK, [r for r in report["results"] if not r["ok"]]
     assert len(report["results"]) == 5 * 4  # every scenario, every default mode
@@ -53,8 +58,7 @@ def test_trained_models_identical(name, capsys):
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_leaky_block_is_caught(arch, tiny_model, capsys):
-    rc = cli_bitident.main([str(tiny_model(arch)), "--debug-leak", "--scenarios", "prefill+decode,save+restore",
-                            "--json"])
+    rc = bitident_main([str(tiny_model(arch)), "--debug-leak", "--scenarios", "prefill+decode,save+restore", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == EXIT_CHECK_FAILED
     by_mode = {(r["scenario"], r["mode"]): r for r in report["results"]}
@@ -63,12 +67,13 @@ def test_leaky_block_is_caught(arch, tiny_model, capsys):
         assert by_mode[(scenario, "router")]["mismatch"] is None  # the switch only touches block
 
 
+@pytest.mark.needs_build  # llama.cpp's refusal of a junk file
 def test_usage_errors(tmp_path, capsys):
-    assert cli_bitident.main([str(tmp_path / "missing.gguf")]) == EXIT_USAGE
-    assert cli_bitident.main([str(tmp_path), "--modes", "sideways"]) == EXIT_USAGE
-    assert cli_bitident.main([str(tmp_path), "--scenarios", "nope"]) == EXIT_USAGE
+    assert bitident_main([str(tmp_path / "missing.gguf")]) == EXIT_USAGE
+    assert bitident_main([str(tmp_path), "--modes", "sideways"]) == EXIT_USAGE
+    assert bitident_main([str(tmp_path), "--scenarios", "nope"]) == EXIT_USAGE
     (tmp_path / "junk.gguf").write_bytes(b"not a gguf")
-    assert cli_bitident.main([str(tmp_path / "junk.gguf")]) == EXIT_USAGE
+    assert bitident_main([str(tmp_path / "junk.gguf")]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "no such file" in err and "--modes" in err and "unknown scenario" in err and "could not load" in err
 
@@ -91,8 +96,15 @@ def _trace(path, rows, layers_predicted):
         for pos in range(rows):
             for layer in range(3):
                 pred = [0, 1] if layer in layers_predicted else None
-                w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=[0, 1], pred=pred,
-                      logits=[1.0, 0.5] if pred else None)
+                w.add(
+                    step=pos,
+                    seq_id=0,
+                    pos=pos,
+                    layer=layer,
+                    actual=[0, 1],
+                    pred=pred,
+                    logits=[1.0, 0.5] if pred else None,
+                )
     return path
 
 
@@ -110,7 +122,7 @@ def test_prediction_problem_requires_every_row(tmp_path):
 def test_leak_caught_for_each_mixer(layer, mixer, tiny_model):
     """qwen3next alternates DeltaNet (layers 0, 2) and attention (1, 3): predicting one layer at a
     time, block is identical to off and its leaky twin is not, whichever mixer it runs."""
-    from onebit_predict.runner import Context, ContextSettings, Model
+    from onebit_predict.llama.runner import Context, ContextSettings, Model
 
     def logits(env):
         with Model(tiny_model("qwen3next")) as m, Context(m, ContextSettings(n_ubatch=8), env) as ctx:
@@ -124,3 +136,91 @@ def test_leak_caught_for_each_mixer(layer, mixer, tiny_model):
     off = logits({})
     assert logits(base) == off
     assert logits(base | {"ONEBIT_MOE_PREDICT_DEBUG_LEAK": "1"}) != off, mixer
+
+
+# --- a check that proves what it claims (issue: checks as strict as their claims) -------------
+
+
+def test_the_callers_environment_is_not_inherited(tiny_model, tmp_path, monkeypatch, capsys):
+    """ONEBIT_* knobs set by the caller must reach neither the off reference (which must build the
+    unpatched graph: no predictor at all) nor the mode under test (every knob at the check's value)."""
+    from onebit_predict.checks.bitident import SCENARIOS, check_model, run_once
+    from onebit_predict.llama.runner import Model
+
+    for name, value in {
+        "ONEBIT_MOE_PREDICT_NO_ATTN": "1",
+        "ONEBIT_MOE_PREDICT_LAYERS": "3",
+        "ONEBIT_MOE_PREDICT_STATS": "1",
+        "ONEBIT_MOE_PREDICT_DEPTH": "3",
+        "ONEBIT_MOE_PREFETCH": "read",
+    }.items():
+        monkeypatch.setenv(name, value)
+    with Model(tiny_model("qwen3next")) as model:
+        capsys.readouterr()
+        run_once(model, SCENARIOS[0], "off", None, False, 0)
+        assert "onebit" not in capsys.readouterr().err  # no predictor object in the reference
+        results = check_model(model, SCENARIOS[:1], ["block"], trace_dir=tmp_path)
+    assert [r.problem for r in results] == [None] and results[0].ok
+    header = Trace.open(tmp_path / "prefill_decode-block.bin").header
+    assert not header.no_attn and header.depth_requested == 0 and header.prefetch_name == "off"
+    assert sorted(header.layer_mask) == list(range(1, header.n_layer))
+
+
+def _record(model_path: Path, tmp_path: Path, mode: str, leak: bool = False) -> tuple[Path, int]:
+    from onebit_predict.checks.bitident import SCENARIOS, run_once
+    from onebit_predict.llama.runner import Model
+
+    path = tmp_path / f"{mode}{'-leak' if leak else ''}.bin"
+    with Model(model_path) as model:
+        out = run_once(model, SCENARIOS[0], mode, path, leak, 0)
+    return path, out.n_routed
+
+
+def test_a_mode_that_did_not_run_as_asked_fails(tiny_model, tmp_path):
+    """A trace that records router where block was asked for (block falls back where it cannot
+    run), or a leak control that was not applied, fails with the reason, not as identical."""
+    from onebit_predict.checks.bitident import run_problem
+
+    router, n = _record(tiny_model("qwen3moe"), tmp_path, "router")
+    assert run_problem(router, n, "router", leak=False)[1] is None
+    problem = run_problem(router, n, "block", leak=False)[1]
+    assert problem and "block was asked for, the trace records router" in problem
+    block, n = _record(tiny_model("qwen3moe"), tmp_path, "block")
+    problem = run_problem(block, n, "block", leak=True)[1]
+    assert problem and "negative control was asked for and is not applied" in problem
+    leaky, n = _record(tiny_model("qwen3moe"), tmp_path, "block", leak=True)
+    header = Trace.open(leaky).header
+    assert header.debug_leak and header.graph_check_off  # the control is recorded in the header
+    assert run_problem(leaky, n, "block", leak=True)[1] is None
+    assert "not asked for and is applied" in run_problem(leaky, n, "block", leak=False)[1]
+
+
+def test_the_graph_check_refuses_a_leaking_block(tiny_model, capsys):
+    """With the negative control and the graph check on, the context is refused with an error
+    naming the speculative write (never an abort): for an attention and a DeltaNet model."""
+    from onebit_predict.constants import DEBUG_LEAK_CHECKED, ENV_ALL, ENV_DEBUG_LEAK, ENV_MODE
+    from onebit_predict.llama.runner import Context, ContextSettings, Model, RunError
+
+    env = dict.fromkeys(ENV_ALL) | {ENV_MODE: "block", ENV_DEBUG_LEAK: DEBUG_LEAK_CHECKED}
+    for arch in ("qwen3moe", "qwen3next"):
+        with Model(tiny_model(arch)) as model, pytest.raises(RunError):
+            Context(model, ContextSettings(), env)
+        assert "refusing this graph" in capsys.readouterr().err
+
+
+def test_a_one_token_prefill_tail_is_not_a_decode_row(tiny_model, tmp_path):
+    """DECODE marks a sequence with one token in the whole llama_decode batch: the last ubatch of
+    a 25-token prefill in ubatches of 8 holds one token and is still prefill."""
+    from onebit_predict.checks.bitident import run_env
+    from onebit_predict.constants import TRACE_FLAG_DECODE
+    from onebit_predict.llama.runner import Context, ContextSettings, Model
+
+    path = tmp_path / "tail.bin"
+    with Model(tiny_model("qwen3moe")) as model:
+        with Context(model, ContextSettings(n_ubatch=8), run_env("router", path, False)) as ctx:
+            ctx.decode(list(range(25)), range(25), [0] * 25, [True] * 25)
+            ctx.decode([3], [25], [0], [True])
+    rows = np.concatenate(list(Trace.open(path).iter_chunks()))
+    decode = (rows["flags"] & TRACE_FLAG_DECODE) != 0
+    assert not decode[rows["pos"] < 25].any()  # pos 24 sits alone in the third ubatch
+    assert decode[rows["pos"] == 25].all()

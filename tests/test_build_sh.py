@@ -4,14 +4,18 @@ Each test runs build.sh (the checkout's own, or a copy of the checkout in tmp_pa
 test edits patches/) against a cache of its own (ONEBIT_CACHE=tmp_path/...), seeded from the
 real cache: the pinned sdist is hard-linked into it and the pristine llama.cpp tree is cloned
 into it, so no test downloads or unpacks the sdist. What is covered: the command line and its
-exit codes, the sdist's sha256 check, the lint of patches/series, a patch that does not
-apply (check and build), a clean check, rebase --tree (clean, conflicting, dirty tree) and
-export --from regenerating patches/ byte for byte.
+exit codes, a missing or malformed patches/PIN or patches/series, the sdist's sha256 check,
+the lint of patches/series (onebit_predict/series.py, unit-tested in test_series.py, called
+by build.sh), the ruff step of check, a patch that does not apply (check and build), a clean
+check, rebase --tree (clean, conflicting, dirty tree) and export --from regenerating patches/
+byte for byte.
 
 The session fixture ``seed`` fills the real cache ($ONEBIT_CACHE, else ~/.cache/onebit-predict)
-once when it lacks the sdist or the pristine tree (pip download, then ``./build.sh check``);
-otherwise it only reads it. A ``build`` run gets a failing ``cmake`` first on its PATH, so a
-regression that got past the apply step could never start a llama.cpp build.
+once when it lacks the sdist or the pristine tree (pip download, then ``./build.sh rebase --to``
+the pinned version, which unpacks it); otherwise it only reads it. A ``build`` run gets a
+failing ``cmake`` first on its PATH, so a regression that got past the apply step could never
+start a llama.cpp build. A copied checkout gets a stand-in ``.venv``: marked up to date for
+build.sh, with a ``ruff`` that records its arguments, so ``check`` installs nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +31,15 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-COPIED = ("build.sh", "patches", "ctest_port", "pyproject.toml", "README.md")
+COPIED = (
+    "build.sh",
+    "patches",
+    "ctest_port",
+    "pyproject.toml",
+    "README.md",
+    "onebit_predict/__init__.py",
+    "onebit_predict/series.py",
+)
 TIMEOUT_S = 300
 PRISTINE_TAG = "onebit-pristine"
 
@@ -49,6 +61,7 @@ SDIST_NAME = f"llama_cpp_python-{VERSION}.tar.gz"
 
 # --- helpers ----------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Run:
     rc: int
@@ -59,8 +72,14 @@ class Run:
         return f"exit {self.rc}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
 
 
-def run_build_sh(repo: Path, cache: Path, *args: str, tmpdir: Path | None = None,
-                 no_cmake: bool = False, extra_env: dict[str, str] | None = None) -> Run:
+def run_build_sh(
+    repo: Path,
+    cache: Path,
+    *args: str,
+    tmpdir: Path | None = None,
+    no_cmake: bool = False,
+    extra_env: dict[str, str] | None = None,
+) -> Run:
     """``repo/build.sh ARGS`` with ONEBIT_CACHE=cache (TMPDIR=tmpdir when given)."""
     env = dict(os.environ, ONEBIT_CACHE=str(cache), **(extra_env or {}))
     env.pop("VIRTUAL_ENV", None)  # build.sh would install into the caller's venv
@@ -69,8 +88,9 @@ def run_build_sh(repo: Path, cache: Path, *args: str, tmpdir: Path | None = None
         env["TMPDIR"] = str(tmpdir)
     if no_cmake:
         env["PATH"] = f"{_cmake_stub(cache.parent)}{os.pathsep}{env.get('PATH', '')}"
-    p = subprocess.run([str(repo / "build.sh"), *args], cwd=repo, env=env, capture_output=True,
-                       text=True, timeout=TIMEOUT_S)
+    p = subprocess.run(
+        [str(repo / "build.sh"), *args], cwd=repo, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
     return Run(p.returncode, p.stdout, p.stderr)
 
 
@@ -84,9 +104,24 @@ def _cmake_stub(where: Path) -> Path:
 
 
 def git(cwd: Path, *args: str) -> str:
-    p = subprocess.run(["git", "-c", "user.name=onebit-test", "-c", "user.email=test@onebit.invalid",
-                        "-c", "commit.gpgsign=false", "-c", "advice.detachedHead=false", *args],
-                       cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    p = subprocess.run(
+        [
+            "git",
+            "-c",
+            "user.name=onebit-test",
+            "-c",
+            "user.email=test@onebit.invalid",
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "advice.detachedHead=false",
+            *args,
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert p.returncode == 0, f"git {' '.join(args)} in {cwd}: exit {p.returncode}\n{p.stderr}"
     return p.stdout
 
@@ -111,8 +146,40 @@ def copy_repo(dest: Path) -> Path:
         if src.is_dir():
             shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
+    stub_venv(dest)
     return dest
+
+
+RUFF_STUB = """#!/bin/sh
+# test_build_sh: stands in for ruff; records its arguments, fails where told to
+venv=$(dirname "$0")/..
+printf '%s\\n' "$*" >>"$venv/ruff-calls"
+if [ -f "$venv/ruff-fails-$1" ]; then
+    echo "stub ruff: $1 found problems"
+    exit 1
+fi
+exit 0
+"""
+
+
+def stub_venv(repo: Path) -> Path:
+    """repo/.venv as build.sh's setup_python leaves it for this pin and pyproject.toml (its
+    stamp), holding only a stand-in ruff."""
+    venv = repo / ".venv"
+    (venv / "bin").mkdir(parents=True)
+    pyproject = hashlib.sha256((repo / "pyproject.toml").read_bytes()).hexdigest()[:16]
+    (venv / ".onebit-stamp").write_text(f"{VERSION} {pyproject}")
+    ruff = venv / "bin" / "ruff"
+    ruff.write_text(RUFF_STUB)
+    ruff.chmod(0o755)
+    return venv
+
+
+def ruff_calls(repo: Path) -> list[str]:
+    calls = repo / ".venv" / "ruff-calls"
+    return calls.read_text().splitlines() if calls.exists() else []
 
 
 def link_or_copy(src: Path, dest: Path) -> None:
@@ -187,6 +254,7 @@ def corrupt_first_context_line(patch: Path) -> str:
 
 # --- fixtures ---------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Seed:
     sdist: Path
@@ -206,9 +274,24 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Seed:
     scratch = tmp_path_factory.mktemp("seed")
     if not sdist.is_file():
         download = scratch / "download"
-        p = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
-                            "-d", str(download), f"{PIN['package']}=={VERSION}"],
-                           capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--no-binary",
+                ":all:",
+                "-d",
+                str(download),
+                f"{PIN['package']}=={VERSION}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         got = download / SDIST_NAME
         assert p.returncode == 0 and got.is_file(), f"pip download failed:\n{p.stdout}\n{p.stderr}"
         assert sha256_of(got) == SHA256, f"PyPI served {SDIST_NAME} with another sha256 than patches/PIN"
@@ -217,9 +300,14 @@ def seed(tmp_path_factory: pytest.TempPathFactory) -> Seed:
         shutil.copyfile(got, part)
         os.replace(part, sdist)
     if not (pristine / ".onebit-ok").is_file():
-        # check fetches nothing now (the sdist is there) and unpacks the pristine tree
-        r = run_build_sh(REPO_ROOT, cache, "check", tmpdir=scratch / "tmp")
-        assert (pristine / ".onebit-ok").is_file(), f"./build.sh check did not make {pristine}:\n{r}"
+        # rebase --to the pin fetches nothing now (the sdist is there) and unpacks the pristine
+        # tree before it applies the series; its work tree is removed again
+        rebased = cache / "rebase" / VERSION
+        existed = rebased.exists()
+        r = run_build_sh(REPO_ROOT, cache, "rebase", "--to", VERSION, tmpdir=scratch / "tmp")
+        if not existed:
+            shutil.rmtree(rebased, ignore_errors=True)
+        assert (pristine / ".onebit-ok").is_file(), f"./build.sh rebase --to {VERSION} did not make {pristine}:\n{r}"
     return Seed(sdist, pristine)
 
 
@@ -255,13 +343,22 @@ def tmp_dir(tmp_path: Path) -> Path:
 
 # --- 1. the command line ----------------------------------------------------------------------
 
+
 def test_help_lists_the_subcommands(tmp_path: Path) -> None:
     for args in (["help"], ["--help"], ["-h"]):
         r = run_build_sh(REPO_ROOT, tmp_path / "cache", *args)
         assert r.rc == 0, r
         assert r.stdout.startswith("usage: ./build.sh"), r
-        for sub in ("build", "test", "check", "rebase --to VERSION", "rebase --tree DIR",
-                    "export [--from DIR]", "pristine", "help"):
+        for sub in (
+            "build",
+            "test",
+            "check",
+            "rebase --to VERSION",
+            "rebase --tree DIR",
+            "export [--from DIR]",
+            "pristine",
+            "help",
+        ):
             assert f"\n  {sub}" in r.stdout or f"| {sub} " in r.stdout, f"{sub!r} missing\n{r}"
     assert not (tmp_path / "cache").exists(), "help touched the cache"
 
@@ -297,13 +394,52 @@ def test_rebase_tree_that_is_not_a_git_checkout_exits_2(tmp_path: Path) -> None:
     plain = tmp_path / "plain"
     plain.mkdir()
     # a plain directory even when the temporary directory sits inside some git checkout
-    r = run_build_sh(REPO_ROOT, tmp_path / "cache", "rebase", "--tree", str(plain),
-                     extra_env={"GIT_CEILING_DIRECTORIES": str(tmp_path)})
+    r = run_build_sh(
+        REPO_ROOT,
+        tmp_path / "cache",
+        "rebase",
+        "--tree",
+        str(plain),
+        extra_env={"GIT_CEILING_DIRECTORIES": str(tmp_path)},
+    )
     assert r.rc == 2, r
     assert f"--tree '{plain}' is not a git checkout" in r.stderr, r
 
 
+# --- 1b. patches/PIN and patches/series, read by onebit_predict/series.py -----------------------
+
+PIN_AND_SERIES_ERRORS = [
+    ("build", "PIN", None, "patches/PIN is missing"),
+    ("pristine", "PIN", None, "patches/PIN is missing"),
+    ("build", "PIN", "package=llama-cpp-python\nsha256=00\n", "patches/PIN has no 'version='"),
+    ("build", "PIN", "version 1.2.3\n", "patches/PIN line 1 is not KEY=VALUE: 'version 1.2.3'"),
+    ("build", "series", None, "patches/series is missing"),
+    ("check", "series", None, "patches/series is missing"),
+]
+
+
+@pytest.mark.parametrize(
+    ("subcommand", "name", "text", "message"),
+    PIN_AND_SERIES_ERRORS,
+    ids=[f"{c} {n} {m}" for c, n, _, m in PIN_AND_SERIES_ERRORS],
+)
+def test_a_missing_or_malformed_pin_or_series_exits_2(
+    repo: Path, tmp_path: Path, subcommand: str, name: str, text: str | None, message: str
+) -> None:
+    path = repo / "patches" / name
+    if text is None:
+        path.unlink()
+    else:
+        path.write_text(text)
+    cache = tmp_path / "cache"
+    r = run_build_sh(repo, cache, subcommand, tmpdir=tmp_path / "tmp", no_cmake=True)
+    assert r.rc == 2, r
+    assert f"error: {message}" in r.stderr, r
+    assert not (cache / "sdist").exists(), f"{subcommand} went on to fetch the sdist\n{r}"
+
+
 # --- 2. the sdist's sha256 --------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("subcommand", ["check", "build"])
 def test_tampered_sdist_is_refused(tmp_path: Path, seed: Seed, tmp_dir: Path, subcommand: str) -> None:
@@ -326,6 +462,7 @@ def test_tampered_sdist_is_refused(tmp_path: Path, seed: Seed, tmp_dir: Path, su
 
 # --- 3. and 4. the lint of patches/series -----------------------------------------------------
 
+
 def test_series_entry_without_a_file_exits_2(repo: Path, cache: Path, tmp_dir: Path) -> None:
     with (repo / "patches" / "series").open("a") as f:
         f.write("0099-onebit-not-there.patch\n")
@@ -346,20 +483,22 @@ def test_orphan_patch_fails_the_lint(repo: Path, sdist_cache: Path, tmp_dir: Pat
     assert not (sdist_cache / "src").exists(), r
 
 
-def test_patch_without_why_fails_the_lint(repo: Path, sdist_cache: Path, tmp_dir: Path) -> None:
+@pytest.mark.parametrize("line", ["Why:", "Upstream:"])
+def test_patch_without_a_header_line_fails_the_lint(repo: Path, sdist_cache: Path, tmp_dir: Path, line: str) -> None:
     name = series(repo)[-1]
     patch = repo / "patches" / name
     text = patch.read_text()
-    assert "\nWhy:" in text
-    patch.write_text(text.replace("\nWhy:", "\nReason:", 1))
+    assert f"\n{line}" in text
+    patch.write_text(text.replace(f"\n{line}", "\nReason:", 1))
     r = run_build_sh(repo, sdist_cache, "check", tmpdir=tmp_dir)
     assert r.rc == 1, r
-    assert f"error: {name} has no 'Why:' line in its header" in r.stderr, r
+    assert f"error: {name} has no '{line}' line in its header" in r.stderr, r
     assert "==> verify the sdist" not in r.stderr, r
     assert not (sdist_cache / "src").exists(), r
 
 
 # --- 5. a patch that does not apply -----------------------------------------------------------
+
 
 @pytest.fixture
 def broken_patch(repo: Path) -> str:
@@ -380,8 +519,7 @@ def test_check_names_a_patch_that_does_not_apply(repo: Path, cache: Path, tmp_di
     assert git(cache / "src" / VERSION / "pristine", "status", "--porcelain") == "?? .onebit-ok\n"
 
 
-def test_build_stops_at_a_patch_that_does_not_apply(repo: Path, cache: Path, tmp_dir: Path,
-                                                    broken_patch: str) -> None:
+def test_build_stops_at_a_patch_that_does_not_apply(repo: Path, cache: Path, tmp_dir: Path, broken_patch: str) -> None:
     r = run_build_sh(repo, cache, "build", tmpdir=tmp_dir, no_cmake=True)
     assert r.rc == 1, r
     assert "==> apply patches/series (git am -3)" in r.stderr, r
@@ -395,6 +533,7 @@ def test_build_stops_at_a_patch_that_does_not_apply(repo: Path, cache: Path, tmp
 
 # --- 6. a clean check -------------------------------------------------------------------------
 
+
 def test_check_passes_on_the_committed_series(repo: Path, cache: Path, tmp_dir: Path) -> None:
     before = {p.name: p.read_bytes() for p in (repo / "patches").iterdir()}
     r = run_build_sh(repo, cache, "check", tmpdir=tmp_dir)
@@ -404,9 +543,35 @@ def test_check_passes_on_the_committed_series(repo: Path, cache: Path, tmp_dir: 
     assert "error" not in r.stderr, r
     assert {p.name: p.read_bytes() for p in (repo / "patches").iterdir()} == before, "check changed patches/"
     assert leftovers(cache, tmp_dir) == [], f"check left files behind\n{r}"
+    assert ruff_calls(repo) == [f"check {repo}", f"format --check {repo}"], r
+
+
+@pytest.mark.parametrize(
+    ("failing", "message"),
+    [
+        ("check", "error: ruff check found problems (above)"),
+        ("format", "error: ruff format would reformat the files above"),
+    ],
+)
+def test_ruff_problems_fail_the_check(repo: Path, cache: Path, tmp_dir: Path, failing: str, message: str) -> None:
+    (repo / ".venv" / f"ruff-fails-{failing}").touch()
+    r = run_build_sh(repo, cache, "check", tmpdir=tmp_dir)
+    assert r.rc == 1, r
+    assert message in r.stderr, r
+    assert f"stub ruff: {failing} found problems" in r.stderr, f"ruff's report is not shown\n{r}"
+    assert "==> apply the series to a clean pristine tree" not in r.stderr, r
+    assert leftovers(cache, tmp_dir) == [], r
+
+
+def test_check_without_ruff_says_where_it_comes_from(repo: Path, cache: Path, tmp_dir: Path) -> None:
+    (repo / ".venv" / "bin" / "ruff").unlink()
+    r = run_build_sh(repo, cache, "check", tmpdir=tmp_dir)
+    assert r.rc == 1, r
+    assert f"error: no ruff in {repo}/.venv: it comes with the test extra" in r.stderr, r
 
 
 # --- 7. rebase --tree -------------------------------------------------------------------------
+
 
 def commits_above_pristine(tree: Path) -> list[str]:
     return git(tree, "log", "--reverse", "--format=%s", f"{PRISTINE_TAG}..HEAD").splitlines()
@@ -434,8 +599,9 @@ def test_rebase_tree_applies_the_series(repo: Path, cache: Path, seed: Seed, tmp
     assert git(tree, "status", "--porcelain", "--untracked-files=no") == ""
 
 
-def test_rebase_tree_conflict_names_patch_files_and_recovery(repo: Path, cache: Path, seed: Seed,
-                                                             tmp_path: Path) -> None:
+def test_rebase_tree_conflict_names_patch_files_and_recovery(
+    repo: Path, cache: Path, seed: Seed, tmp_path: Path
+) -> None:
     # the first patch that inserts lines into an upstream file; change both lines around the
     # insertion upstream, so a three-way merge cannot place the patch's lines
     patch_name = next(n for n in series(repo) if inserts_upstream(repo / "patches" / n))
@@ -470,8 +636,7 @@ def test_rebase_tree_conflict_names_patch_files_and_recovery(repo: Path, cache: 
     assert {p.name: p.read_bytes() for p in (repo / "patches").iterdir()} == before_export
 
 
-def test_rebase_tree_with_uncommitted_changes_exits_2(repo: Path, cache: Path, seed: Seed,
-                                                      tmp_path: Path) -> None:
+def test_rebase_tree_with_uncommitted_changes_exits_2(repo: Path, cache: Path, seed: Seed, tmp_path: Path) -> None:
     tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
     head = git(tree, "rev-parse", "HEAD").strip()
     with (tree / "README.md").open("a") as f:
@@ -487,8 +652,10 @@ def test_rebase_tree_with_uncommitted_changes_exits_2(repo: Path, cache: Path, s
 
 # --- 8. export --from -------------------------------------------------------------------------
 
-def test_export_from_a_rebased_tree_is_byte_identical(repo: Path, cache: Path, seed: Seed,
-                                                      tmp_path: Path, tmp_dir: Path) -> None:
+
+def test_export_from_a_rebased_tree_is_byte_identical(
+    repo: Path, cache: Path, seed: Seed, tmp_path: Path, tmp_dir: Path
+) -> None:
     tree = clone_pristine(seed.pristine, tmp_path / "llama.cpp", branch="mine")
     r = run_build_sh(repo, cache, "rebase", "--tree", str(tree))
     assert r.rc == 0, r

@@ -10,9 +10,11 @@ import re
 import numpy as np
 import pytest
 
-from onebit_predict import cli_trace, tiny
-from onebit_predict.constants import EXIT_OK, EXIT_USAGE, MODE_BLOCK, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
-from onebit_predict.stats import compute_stats
+from onebit_predict.commands.tiny import main as tiny_main
+from onebit_predict.commands.trace import main as trace_main
+from onebit_predict.constants import EXIT_OK, EXIT_USAGE, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from onebit_predict.llama.tiny import write_tiny_model
+from onebit_predict.metrics.stats import compute_stats
 from onebit_predict.trace import Trace
 
 N_PROMPT = 20
@@ -22,8 +24,24 @@ N_GEN = 12
 @pytest.mark.parametrize("mode", ["router", "block"])
 def test_trace_recorded_and_read(mode, tiny_model, tmp_path, capsys):
     out = tmp_path / f"{mode}.bin"
-    rc = cli_trace.main([str(tiny_model("qwen3moe")), "--mode", mode, "--out", str(out), "--tokens", str(N_PROMPT),
-                         "--generate", str(N_GEN), "--ubatch", "8", "--depth", "4", "--stats"])
+    rc = trace_main(
+        [
+            str(tiny_model("qwen3moe")),
+            "--mode",
+            mode,
+            "--out",
+            str(out),
+            "--tokens",
+            str(N_PROMPT),
+            "--generate",
+            str(N_GEN),
+            "--ubatch",
+            "8",
+            "--depth",
+            "4",
+            "--stats",
+        ]
+    )
     assert rc == EXIT_OK
     table = capsys.readouterr().out
     assert "qwen3moe" in table and "total" in table
@@ -50,11 +68,16 @@ def test_trace_recorded_and_read(mode, tiny_model, tmp_path, capsys):
 
 def test_native_stats_table_matches_onebit_stats(tiny_model, tmp_path, capfd):
     """ONEBIT_MOE_PREDICT_STATS (printed by llama.cpp) and onebit-stats count the same rows."""
-    from onebit_predict.runner import Context, ContextSettings, Model, builtin_tokens
+    from onebit_predict.llama.runner import Context, ContextSettings, Model, builtin_tokens
 
     out = tmp_path / "native.bin"
-    env = {"ONEBIT_MOE_PREDICT": "block", "ONEBIT_MOE_PREDICT_DEPTH": "3", "ONEBIT_MOE_PREDICT_MARGIN": "0.02",
-           "ONEBIT_MOE_PREDICT_OUT": str(out), "ONEBIT_MOE_PREDICT_STATS": "1"}
+    env = {
+        "ONEBIT_MOE_PREDICT": "block",
+        "ONEBIT_MOE_PREDICT_DEPTH": "3",
+        "ONEBIT_MOE_PREDICT_MARGIN": "0.02",
+        "ONEBIT_MOE_PREDICT_OUT": str(out),
+        "ONEBIT_MOE_PREDICT_STATS": "1",
+    }
     toks = builtin_tokens(N_PROMPT + N_GEN, 64, 3)
     with Model(tiny_model("qwen3moe")) as model, Context(model, ContextSettings(n_ubatch=8), env) as ctx:
         ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [False] * (N_PROMPT - 1) + [True])
@@ -75,36 +98,53 @@ def test_native_stats_table_matches_onebit_stats(tiny_model, tmp_path, capfd):
 
 
 def test_trace_usage_errors(tmp_path, tiny_model, capsys):
-    assert cli_trace.main([str(tmp_path / "none.gguf"), "--mode", "router", "--out", "x"]) == EXIT_USAGE
+    assert trace_main([str(tmp_path / "none.gguf"), "--mode", "router", "--out", "x"]) == EXIT_USAGE
     model = str(tiny_model("qwen3moe"))
-    assert cli_trace.main([model, "--mode", "router", "--out", str(tmp_path / "t"), "--tokens", "0"]) == EXIT_USAGE
-    assert cli_trace.main([model, "--mode", "router", "--out", str(tmp_path / "t"), "--tokens", "500",
-                           "--ctx", "256"]) == EXIT_USAGE
-    assert cli_trace.main([model, "--mode", "router", "--out", str(tmp_path / "t"),
-                           "--prompt-file", str(tmp_path / "nope.txt")]) == EXIT_USAGE
-    with pytest.raises(SystemExit) as exc:
-        cli_trace.main([model, "--mode", "sideways", "--out", "x"])
-    assert exc.value.code == EXIT_USAGE
+    assert trace_main([model, "--mode", "router", "--out", str(tmp_path / "t"), "--tokens", "0"]) == EXIT_USAGE
+    assert (
+        trace_main([model, "--mode", "router", "--out", str(tmp_path / "t"), "--tokens", "500", "--ctx", "256"])
+        == EXIT_USAGE
+    )
+    assert (
+        trace_main(
+            [model, "--mode", "router", "--out", str(tmp_path / "t"), "--prompt-file", str(tmp_path / "nope.txt")]
+        )
+        == EXIT_USAGE
+    )
+    assert trace_main([model, "--mode", "sideways", "--out", "x"]) == EXIT_USAGE  # argparse's usage error
     err = capsys.readouterr().err
     assert "no such file" in err and "--tokens" in err and "exceeds --ctx" in err
 
 
+@pytest.mark.needs_build
 def test_tiny_is_deterministic_and_checked(tmp_path, capsys):
-    a = tiny.write_tiny_model("olmoe", tmp_path / "a.gguf", seed=5)
-    b = tiny.write_tiny_model("olmoe", tmp_path / "b.gguf", seed=5)
-    c = tiny.write_tiny_model("olmoe", tmp_path / "c.gguf", seed=6)
+    a = write_tiny_model("olmoe", tmp_path / "a.gguf", seed=5)
+    b = write_tiny_model("olmoe", tmp_path / "b.gguf", seed=5)
+    c = write_tiny_model("olmoe", tmp_path / "c.gguf", seed=6)
     assert a.read_bytes() == b.read_bytes() != c.read_bytes()
-    assert tiny.main(["--arch", "olmoe", "--out", str(tmp_path / "d.gguf"), "--seed", "-1"]) == EXIT_USAGE
-    with pytest.raises(SystemExit):
-        tiny.main(["--arch", "llama", "--out", str(tmp_path / "e.gguf")])
+    assert tiny_main(["--arch", "olmoe", "--out", str(tmp_path / "d.gguf"), "--seed", "-1"]) == EXIT_USAGE
+    assert tiny_main(["--arch", "llama", "--out", str(tmp_path / "e.gguf")]) == EXIT_USAGE  # argparse's usage error
     assert "seed" in capsys.readouterr().err
 
 
 def test_prefill_then_teacher_forced_decode(tiny_model, tmp_path):
     """--prefill N: the rest of the prompt is decoded one token per step, so it is scored."""
     out = tmp_path / "tf.bin"
-    rc = cli_trace.main([str(tiny_model("qwen3next")), "--mode", "block", "--out", str(out), "--tokens", "20",
-                         "--prefill", "4", "--generate", "3"])
+    rc = trace_main(
+        [
+            str(tiny_model("qwen3next")),
+            "--mode",
+            "block",
+            "--out",
+            str(out),
+            "--tokens",
+            "20",
+            "--prefill",
+            "4",
+            "--generate",
+            "3",
+        ]
+    )
     assert rc == EXIT_OK
     rec = Trace.open(out).records
     n_decoded = 20 - 4 + 3
@@ -116,16 +156,16 @@ def test_prefill_then_teacher_forced_decode(tiny_model, tmp_path):
 def test_bytes_needs_a_byte_vocabulary(tiny_model, tmp_path, capsys):
     model = str(tiny_model("qwen3moe"))  # 64 ids: not a byte-level model
     out = str(tmp_path / "t")
-    assert cli_trace.main([model, "--mode", "router", "--out", out, "--tokens", "5", "--bytes"]) == EXIT_USAGE
-    assert cli_trace.main([model, "--mode", "router", "--out", out, "--prompt", "abc", "--bytes"]) == EXIT_USAGE
-    assert cli_trace.main([model, "--mode", "router", "--out", out, "--tokens", "5", "--prefill", "0"]) == EXIT_USAGE
+    assert trace_main([model, "--mode", "router", "--out", out, "--tokens", "5", "--bytes"]) == EXIT_USAGE
+    assert trace_main([model, "--mode", "router", "--out", out, "--prompt", "abc", "--bytes"]) == EXIT_USAGE
+    assert trace_main([model, "--mode", "router", "--out", out, "--tokens", "5", "--prefill", "0"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "--bytes needs --prompt" in err and "at least 256 ids" in err and "--prefill" in err
 
 
 def test_warmup_is_not_recorded(tiny_model, tmp_path):
     """A warmup decode (every expert used) writes no record; counting starts after it."""
-    from onebit_predict.runner import Context, ContextSettings, Model, llama
+    from onebit_predict.llama.runner import Context, ContextSettings, Model, llama
 
     lib = llama()
     out = tmp_path / "warm.bin"
@@ -144,8 +184,23 @@ def test_warmup_is_not_recorded(tiny_model, tmp_path):
 def test_windows_restart_at_pos_zero(tiny_model, tmp_path):
     """--window N: each window is a fresh sequence from pos 0; its first rows are not scored."""
     out = tmp_path / "win.bin"
-    rc = cli_trace.main([str(tiny_model("qwen3moe")), "--mode", "router", "--out", str(out), "--tokens", "30",
-                         "--window", "10", "--prefill", "2", "--generate", "0"])
+    rc = trace_main(
+        [
+            str(tiny_model("qwen3moe")),
+            "--mode",
+            "router",
+            "--out",
+            str(out),
+            "--tokens",
+            "30",
+            "--window",
+            "10",
+            "--prefill",
+            "2",
+            "--generate",
+            "0",
+        ]
+    )
     assert rc == EXIT_OK
     trace = Trace.open(out)
     rec = trace.records

@@ -21,14 +21,36 @@ WARN_CAP = 1 << 16
 # a few non-ASCII look-alikes (Unicode digits and spaces, KELVIN SIGN, control characters)
 ALPHABET = " \t\n\r\f\v0123456789+-.eE,abcfiklnortuyxABCKLNORTX\u0661\u00b2\u00a0\u2003\u0085\u212a\x1c\x1f\u00e9"
 FRAGMENTS = [
-    "0", "1", "8", "47", "300", "999999999", "1234567890", "+", "-", ".", "e", "E-", ",", " ", "\t", "\n",
-    "3.4028235e38", "3.4028236e38", "1e39", "1e-50", "\u0661", "\u00a0",
+    "0",
+    "1",
+    "8",
+    "47",
+    "300",
+    "999999999",
+    "1234567890",
+    "+",
+    "-",
+    ".",
+    "e",
+    "E-",
+    ",",
+    " ",
+    "\t",
+    "\n",
+    "3.4028235e38",
+    "3.4028236e38",
+    "1e39",
+    "1e-50",
+    "\u0661",
+    "\u00a0",
 ]
 WORDS = ["off", "router", "block", "true", "false", "yes", "no", "on", "inf", "nan"]
 # a word with some letters upper-cased; an upper-case k is KELVIN SIGN, which str.lower() takes to 'k'
-MIXED_CASE = st.sampled_from(WORDS).flatmap(lambda w: st.sets(st.integers(0, len(w) - 1)).map(
-    lambda up: "".join(("\u212a" if c == "k" else c.upper()) if i in up else c for i, c in enumerate(w))
-))
+MIXED_CASE = st.sampled_from(WORDS).flatmap(
+    lambda w: st.sets(st.integers(0, len(w) - 1)).map(
+        lambda up: "".join(("\u212a" if c == "k" else c.upper()) if i in up else c for i, c in enumerate(w))
+    )
+)
 LAYER_ITEMS = st.one_of(
     st.integers(0, 120).map(str),
     st.tuples(st.integers(0, 120), st.integers(0, 120)).map(lambda ab: f"{ab[0]}-{ab[1]}"),
@@ -57,7 +79,9 @@ def c_parse_policy(c_policy, env: Env, n_layer: int, n_expert: int, n_used: int)
     strings = {k: ffi.NULL if v is None else ffi.new("char[]", v.encode()) for k, v in env._asdict().items()}
     out = ffi.new("struct onebit_policy *")
     warn = ffi.new("char[]", WARN_CAP)
-    n_warn = lib.onebit_policy_parse(ffi.new("struct onebit_env *", strings), n_layer, n_expert, n_used, out, warn, WARN_CAP)
+    n_warn = lib.onebit_policy_parse(
+        ffi.new("struct onebit_env *", strings), n_layer, n_expert, n_used, out, warn, WARN_CAP
+    )
     policy = Policy(
         mode=out.mode,
         depth_requested=out.depth_requested,
@@ -137,11 +161,13 @@ def ranked_rows(draw: st.DrawFn) -> tuple[list[float], int, float, int]:
     logits.sort(reverse=True)
     with np.errstate(over="ignore"):
         gaps = [float(np.float32(logits[0]) - np.float32(x)) for x in logits]  # margins on the boundary
-    margin = draw(st.one_of(
-        st.just(math.inf),
-        st.floats(min_value=0, allow_nan=False, allow_infinity=False, width=32),
-        st.sampled_from([g for g in gaps if math.isfinite(g)]),
-    ))
+    margin = draw(
+        st.one_of(
+            st.just(math.inf),
+            st.floats(min_value=0, allow_nan=False, allow_infinity=False, width=32),
+            st.sampled_from([g for g in gaps if math.isfinite(g)]),
+        )
+    )
     return logits, draw(st.integers(0, len(logits))), margin, draw(st.integers(0, 20))
 
 
@@ -150,4 +176,6 @@ def ranked_rows(draw: st.DrawFn) -> tuple[list[float], int, float, int]:
 def test_n_read_parity_random(c_policy, row: tuple[list[float], int, float, int]) -> None:
     ffi, lib = c_policy
     logits, depth, margin, min_read = row
-    assert lib.onebit_n_read(ffi.new("float[]", logits), depth, margin, min_read) == py.n_read(logits, depth, margin, min_read)
+    assert lib.onebit_n_read(ffi.new("float[]", logits), depth, margin, min_read) == py.n_read(
+        logits, depth, margin, min_read
+    )

@@ -12,22 +12,28 @@ from pathlib import Path
 
 import pytest
 
-from onebit_predict import bench
-from onebit_predict.bitident import consumer_problem
+from onebit_predict.checks.bitident import consumer_problem
+from onebit_predict.commands.bench import main as bench_main
 from onebit_predict.constants import (
-    ENV_MODE, ENV_OUT, ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES, ENV_STATS, EXIT_OK, PREFETCH_ADVISE, PREFETCH_OFF,
+    ENV_MODE,
+    ENV_OUT,
+    ENV_PREFETCH,
+    ENV_PREFETCH_MAX_BYTES,
+    ENV_STATS,
+    EXIT_OK,
+    PREFETCH_ADVISE,
+    PREFETCH_OFF,
     PREFETCH_READ,
 )
-from onebit_predict.evict import EVICTED_ENOUGH, ExpertPages, expert_spans
-from onebit_predict.runner import Context, ContextSettings, Model, builtin_tokens
+from onebit_predict.llama.evict import EVICTED_ENOUGH, ExpertPages, expert_spans
+from onebit_predict.llama.runner import Context, ContextSettings, Model, builtin_tokens
 from onebit_predict.trace import Trace
 
 N_PROMPT = 16
 N_DECODE = 8
 
 
-def run(model_path: Path, trace: Path, env: dict[str, str | None], use_mmap: bool = True,
-        evict: bool = False) -> Trace:
+def run(model_path: Path, trace: Path, env: dict[str, str | None], use_mmap: bool = True, evict: bool = False) -> Trace:
     """A prefill and N_DECODE single-token steps; with evict, the expert pages leave memory before each step."""
     with Model(model_path, use_mmap=use_mmap) as model:
         pages = ExpertPages(model_path) if evict else None
@@ -76,8 +82,7 @@ def test_cap_drops_what_it_cannot_afford(tiny_model, tmp_path):
 
 
 def test_no_mmap_turns_the_consumer_off_with_a_notice(tiny_model, tmp_path, capfd):
-    trace = run(tiny_model("qwen3moe"), tmp_path / "t.bin", {ENV_MODE: "router", ENV_PREFETCH: "read"},
-                use_mmap=False)
+    trace = run(tiny_model("qwen3moe"), tmp_path / "t.bin", {ENV_MODE: "router", ENV_PREFETCH: "read"}, use_mmap=False)
     err = capfd.readouterr().err
     assert "not mmapped from the model file" in err and "prefetch off" in err
     assert (trace.header.prefetch_mode, trace.header.prefetch_totals) == (PREFETCH_OFF, None)
@@ -115,14 +120,23 @@ def test_eviction_empties_the_expert_pages(tiny_model):
 
 
 def test_cold_bench_compares_the_consumer_modes(tiny_model, capsys):
-    rc = bench.main([str(tiny_model("qwen3moe")), "--cold", "--rounds", "1", "--prompt", "8", "--generate", "3",
-                     "--json"])
+    rc = bench_main(
+        [str(tiny_model("qwen3moe")), "--cold", "--rounds", "1", "--prompt", "8", "--generate", "3", "--json"]
+    )
     assert rc == EXIT_OK
     report = json.loads(capsys.readouterr().out)
     assert report["evict_method"] in ("pageout", "dontneed")
     rows = {r["name"]: r for r in report["rows"]}
-    assert list(rows) == ["patched off, warm", "patched off", "router", "router + advise", "router + read", "block",
-                          "block + advise", "block + read"]
+    assert list(rows) == [
+        "patched off, warm",
+        "patched off",
+        "router",
+        "router + advise",
+        "router + read",
+        "block",
+        "block + advise",
+        "block + read",
+    ]
     assert report["drive"]["bandwidth_mb_s"] > 0 and report["drive"]["page_read_us"] > 0
     assert rows["patched off, warm"]["resident_after_evict"] is None
     for name, r in rows.items():
@@ -133,7 +147,7 @@ def test_cold_bench_compares_the_consumer_modes(tiny_model, capsys):
 
 
 def test_drive_measurement_needs_a_writable_directory(tmp_path):
-    from onebit_predict.drive import DriveError, measure_drive
+    from onebit_predict.llama.drive import DriveError, measure_drive
 
     with pytest.raises(DriveError, match="cannot measure the drive under"):
         measure_drive(tmp_path / "missing")

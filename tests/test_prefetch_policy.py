@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from ctest_port.cases import PrefetchCase, read_cases
 from ctest_port.cffi_policy import has_prefetch
 from onebit_predict import constants as k
-from onebit_predict.paths import NotBuiltError, llama_tree
+from onebit_predict.llama.paths import NotBuiltError, llama_tree
 from onebit_predict.policy import PrefetchEnv, PrefetchPolicy, parse_prefetch
 
 CASES = [c for c in read_cases() if isinstance(c, PrefetchCase)]
@@ -30,6 +30,7 @@ def prefetch_cases() -> pytest.MarkDecorator:
 
 # --- the Python policy ---------------------------------------------------------------------
 
+
 def test_there_are_prefetch_cases() -> None:
     assert len(CASES) >= 40
 
@@ -42,19 +43,23 @@ def test_parse_prefetch(case: PrefetchCase) -> None:
 
 def test_from_environ() -> None:
     environ = {
-        "ONEBIT_MOE_PREFETCH": "read", "ONEBIT_MOE_PREFETCH_MAX_BYTES": "64m", "ONEBIT_MOE_PREFETCH_THREADS": "4",
+        "ONEBIT_MOE_PREFETCH": "read",
+        "ONEBIT_MOE_PREFETCH_MAX_BYTES": "64m",
+        "ONEBIT_MOE_PREFETCH_THREADS": "4",
         "ONEBIT_MOE_PREDICT": "router",
     }
     assert PrefetchEnv.from_environ(environ) == PrefetchEnv("read", "64m", "4")
     assert PrefetchEnv.from_environ({}) == PrefetchEnv()
     assert parse_prefetch(PrefetchEnv.from_environ(environ), k.MODE_ROUTER) == (
-        PrefetchPolicy(mode=k.PREFETCH_READ, n_threads=4, max_bytes=64 << 20), []
+        PrefetchPolicy(mode=k.PREFETCH_READ, n_threads=4, max_bytes=64 << 20),
+        [],
     )
 
 
 def test_defaults() -> None:
     assert parse_prefetch(PrefetchEnv(), k.MODE_OFF) == (
-        PrefetchPolicy(mode=k.PREFETCH_OFF, n_threads=k.PREFETCH_THREADS_DEFAULT, max_bytes=0), []
+        PrefetchPolicy(mode=k.PREFETCH_OFF, n_threads=k.PREFETCH_THREADS_DEFAULT, max_bytes=0),
+        [],
     )
 
 
@@ -79,18 +84,39 @@ def test_warning_texts() -> None:
     ]
 
 
-@pytest.mark.parametrize(("raw", "expected"), [
-    ("1024g", LIMIT), ("1024GiB", LIMIT), ("1048576m", LIMIT), ("1073741824k", LIMIT), ("1099511627776", None),
-    ("1048577m", None), ("1073741825K", None), ("999999999999", 999999999999), ("000000000012", 12),
-    ("0000000000012", None), ("0", 0), ("0g", 0), ("12 ", 12), ("12\u00a0", None), ("12\u212a", None),
-    ("12ki", None), ("12ib", None), ("12kb", None), ("12t", None), ("1_000", None), ("0x10", None),
-])
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("1024g", LIMIT),
+        ("1024GiB", LIMIT),
+        ("1048576m", LIMIT),
+        ("1073741824k", LIMIT),
+        ("1099511627776", None),
+        ("1048577m", None),
+        ("1073741825K", None),
+        ("999999999999", 999999999999),
+        ("000000000012", 12),
+        ("0000000000012", None),
+        ("0", 0),
+        ("0g", 0),
+        ("12 ", 12),
+        ("12\u00a0", None),
+        ("12\u212a", None),
+        ("12ki", None),
+        ("12ib", None),
+        ("12kb", None),
+        ("12t", None),
+        ("1_000", None),
+        ("0x10", None),
+    ],
+)
 def test_byte_count_grammar(raw: str, expected: int | None) -> None:
     p, warnings = parse_prefetch(PrefetchEnv(max_bytes=raw), k.MODE_ROUTER)
     assert (p.max_bytes, len(warnings)) == ((0, 1) if expected is None else (expected, 0))
 
 
 # --- the C policy through cffi -------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def c_prefetch(c_policy):
@@ -133,13 +159,17 @@ def assert_prefetch_parity(c_prefetch, env: PrefetchEnv, predict_mode: int) -> t
 def test_c_constants(c_prefetch) -> None:
     _, lib = c_prefetch
     assert (lib.ONEBIT_PREFETCH_OFF, lib.ONEBIT_PREFETCH_ADVISE, lib.ONEBIT_PREFETCH_READ) == (
-        k.PREFETCH_OFF, k.PREFETCH_ADVISE, k.PREFETCH_READ
+        k.PREFETCH_OFF,
+        k.PREFETCH_ADVISE,
+        k.PREFETCH_READ,
     )
     assert lib.ONEBIT_PREFETCH_THREADS_DEFAULT == k.PREFETCH_THREADS_DEFAULT
     assert lib.ONEBIT_PREFETCH_THREADS_MAX == k.PREFETCH_THREADS_MAX
     assert lib.ONEBIT_PREFETCH_MAX_BYTES_LIMIT == k.PREFETCH_MAX_BYTES_LIMIT
     assert (lib.ONEBIT_MODE_OFF, lib.ONEBIT_MODE_ROUTER, lib.ONEBIT_MODE_BLOCK) == (
-        k.MODE_OFF, k.MODE_ROUTER, k.MODE_BLOCK
+        k.MODE_OFF,
+        k.MODE_ROUTER,
+        k.MODE_BLOCK,
     )
 
 
@@ -151,22 +181,62 @@ def test_c_parse_prefetch(c_prefetch, case: PrefetchCase) -> None:
 
 # the raw material: the grammar's own characters, ASCII whitespace, and non-ASCII look-alikes
 # (Unicode digits and spaces, KELVIN SIGN, dotted capital I, control characters str.strip eats)
-ALPHABET = (
-    " \t\n\r\f\v0123456789+-._xbeEiIkKmMgGtTadrsvo"
-    "\u0661\u00b2\uff11\u00a0\u2003\u0085\u212a\u0130\x1c\x1f\u00e9"
-)
+ALPHABET = " \t\n\r\f\v0123456789+-._xbeEiIkKmMgGtTadrsvo\u0661\u00b2\uff11\u00a0\u2003\u0085\u212a\u0130\x1c\x1f\u00e9"
 WORDS = ["off", "advise", "read", "on", "madvise", "router", "block", "kib", "mib", "gib", "k", "m", "g"]
-MIXED_CASE = st.sampled_from(WORDS).flatmap(lambda w: st.sets(st.integers(0, len(w) - 1)).map(
-    lambda up: "".join(("\u212a" if c == "k" else c.upper()) if i in up else c for i, c in enumerate(w))
-))
+MIXED_CASE = st.sampled_from(WORDS).flatmap(
+    lambda w: st.sets(st.integers(0, len(w) - 1)).map(
+        lambda up: "".join(("\u212a" if c == "k" else c.upper()) if i in up else c for i, c in enumerate(w))
+    )
+)
 PADDING = st.text(" \t\n\r\f\v\u00a0\u2003\u0085\x1c", max_size=3)
-SUFFIXES = ["", "k", "K", "kib", "KiB", "KIB", "m", "M", "mib", "MiB", "g", "G", "gib", "GIB",
-            "b", "kb", "ib", "ki", "t", "tib", "\u212a", "k ", " k", "\u0130b"]
+SUFFIXES = [
+    "",
+    "k",
+    "K",
+    "kib",
+    "KiB",
+    "KIB",
+    "m",
+    "M",
+    "mib",
+    "MiB",
+    "g",
+    "G",
+    "gib",
+    "GIB",
+    "b",
+    "kb",
+    "ib",
+    "ki",
+    "t",
+    "tib",
+    "\u212a",
+    "k ",
+    " k",
+    "\u0130b",
+]
 NUMBERS = st.one_of(
     st.integers(0, 10**14),
     st.integers(0, 20),
-    st.sampled_from([LIMIT, LIMIT + 1, LIMIT >> 10, (LIMIT >> 10) + 1, LIMIT >> 20, (LIMIT >> 20) + 1,
-                     1024, 1025, 10**12 - 1, 10**12, 10**9 - 1, 10**9, 2**31, 2**63, 10**30]),
+    st.sampled_from(
+        [
+            LIMIT,
+            LIMIT + 1,
+            LIMIT >> 10,
+            (LIMIT >> 10) + 1,
+            LIMIT >> 20,
+            (LIMIT >> 20) + 1,
+            1024,
+            1025,
+            10**12 - 1,
+            10**12,
+            10**9 - 1,
+            10**9,
+            2**31,
+            2**63,
+            10**30,
+        ]
+    ),
 )
 
 

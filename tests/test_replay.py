@@ -1,7 +1,7 @@
 """onebit-stats replay: LRU / LFRU / Belady by hand, prefetch charged vs protected, Belady as
 the ceiling (a property), the command's outputs and exit codes, and a real trace.
 
-Rules: onebit_predict/replay.py and docs/cost-model.md ("The cache").
+Rules: onebit_predict/cache/replay.py and docs/cost-model.md ("The cache").
 """
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onebit_predict import cli_trace
-from onebit_predict.cli_stats import main as stats_main
+from onebit_predict.cache.replay import KIND_DEMAND, KIND_PREFETCH, CacheConfig, replay_layer
+from onebit_predict.cache.routing import load_routing
+from onebit_predict.commands.stats import main as stats_main
+from onebit_predict.commands.trace import main as trace_main
 from onebit_predict.constants import EXIT_OK, EXIT_USAGE, MODE_ROUTER
-from onebit_predict.replay import KIND_DEMAND, KIND_PREFETCH, CacheConfig, replay_layer
-from onebit_predict.routing import load_routing
-from onebit_predict.stats import compute_stats
+from onebit_predict.metrics.stats import compute_stats
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
 
@@ -41,6 +41,7 @@ def hits(demand, policy, slots, pred=None, prefetch="none", window=32) -> int:
 
 
 # --- the policies by hand -------------------------------------------------------------------
+
 
 def test_policies_by_hand_scan():
     # 0 1 2 0 1 3 0, 2 slots.
@@ -88,6 +89,7 @@ def test_belady_ties_go_to_the_least_recently_used():
 
 # --- prefetch: charged (trace) vs free (protect) -------------------------------------------
 
+
 def test_prefetch_charged_vs_protected():
     # demand 0 1 2 0, 2 slots, lru; the prediction for t2 and t3 is expert 0.
     # none:    t2 evicts 0 (least recent), t3 misses it: 0 hits, 4 reads.
@@ -117,8 +119,15 @@ def test_prefetch_charged_occupies_slots_and_wastes_reads():
     c = r.counts
     assert (c.hits, c.demand_reads, c.prefetch_reads, c.prefetch_useful, c.prefetch_wasted) == (2, 3, 4, 2, 2)
     assert r.load_expert.tolist() == [0, 3, 1, 0, 2, 1, 0]
-    assert r.load_kind.tolist() == [KIND_DEMAND, KIND_PREFETCH, KIND_DEMAND, KIND_PREFETCH, KIND_PREFETCH,
-                                    KIND_PREFETCH, KIND_DEMAND]
+    assert r.load_kind.tolist() == [
+        KIND_DEMAND,
+        KIND_PREFETCH,
+        KIND_DEMAND,
+        KIND_PREFETCH,
+        KIND_PREFETCH,
+        KIND_PREFETCH,
+        KIND_DEMAND,
+    ]
     assert r.n_prefetch.tolist() == [0, 1, 1, 1, 1]
     assert r.start.tolist() == [0, 1, 3, 4, 5, 7]
     # the same predictions only protected: never read, and here they change nothing
@@ -160,6 +169,7 @@ def test_slots_below_n_used_are_refused():
 
 
 # --- Belady is the ceiling ----------------------------------------------------------------
+
 
 @st.composite
 def layer_routing(draw):
@@ -225,14 +235,22 @@ PRED = {1: [None, 0, 1, 1, 2, 0], 2: [None, 3, 2, 2, 2, 3]}
 
 
 def make(path: Path) -> Path:
-    h = TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=1, depth=1, mode=MODE_ROUTER, layers={1, 2},
-                          arch="qwen3moe", model="hand")
+    h = TraceHeader.build(
+        n_layer=3, n_expert=4, n_expert_used=1, depth=1, mode=MODE_ROUTER, layers={1, 2}, arch="qwen3moe", model="hand"
+    )
     with TraceWriter(path, h) as w:
         for pos in range(6):
             for layer in range(3):
                 pred = PRED[layer][pos] if layer in PRED and pos > 0 else None
-                w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=[ACTUAL[layer][pos]],
-                      pred=None if pred is None else [pred], decode=pos > 0)
+                w.add(
+                    step=pos,
+                    seq_id=0,
+                    pos=pos,
+                    layer=layer,
+                    actual=[ACTUAL[layer][pos]],
+                    pred=None if pred is None else [pred],
+                    decode=pos > 0,
+                )
     return path
 
 
@@ -241,11 +259,10 @@ def hand(tmp_path):
     return make(tmp_path / "hand.trace")
 
 
-def run(capsys, *args) -> tuple[int, str, str]:
-    rc = stats_main(["replay", *map(str, args)])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return rc, out, err
+@pytest.fixture
+def run(run_cli):
+    """``run(*args)``: onebit-stats replay with args (exit code, stdout, stderr)."""
+    return lambda *args: run_cli(stats_main, "replay", *args)
 
 
 def test_routing_skips_prefill_and_finds_the_previous_token(hand):
@@ -258,22 +275,22 @@ def test_routing_skips_prefill_and_finds_the_previous_token(hand):
     assert routing.layers[0].trace_pred.tolist() == [[-1]] * 5
 
 
-def test_table_json_csv(capsys, hand):
-    rc, out, _ = run(capsys, hand, "--slots", "1,2", "--policy", "lru,belady")
+def test_table_json_csv(capsys, hand, run):
+    rc, out, _ = run(hand, "--slots", "1,2", "--policy", "lru,belady")
     assert rc == EXIT_OK
     rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()[3:]}
     # layer 0 (decode rows only): 1 2 0 1 3. lru@1: 0 hits; lru@2: {1,2} -> 0 miss evicts 1,
     # 1 miss evicts 2, 3 miss evicts 0: 0 hits; belady@2: 0 evicts 2 (never again), 1 hit: 1/5
     assert rows["0"][:2] == ["5", "-"]
     assert rows["0"][2:10] == ["0.0", "1.00", "0.0", "1.00", "0.0", "1.00", "20.0", "0.80"]
-    rc, out, _ = run(capsys, hand, "--slots", "2", "--policy", "belady", "--json")
+    rc, out, _ = run(hand, "--slots", "2", "--policy", "belady", "--json")
     report = json.loads(out)
     assert rc == EXIT_OK and report["tokens"] == 5 and report["predicted_layers"] == [1, 2]
     res = report["results"][0]
     assert (res["policy"], res["slots"], res["prefetch"]) == ("belady", 2, "none")
     assert [x["layer"] for x in res["layers"]] == [0, 1, 2]
     assert res["layers"][0]["hits"] == 1 and res["total"]["demand"] == 15
-    rc, out, _ = run(capsys, hand, "--slots", "1", "--prefetch", "trace", "--csv")
+    rc, out, _ = run(hand, "--slots", "1", "--prefetch", "trace", "--csv")
     table = list(csv.DictReader(io.StringIO(out)))
     assert [r["layer"] for r in table] == ["0", "1", "2", "total"]
     # 1 slot, charged prefetch: the cache holds the prediction, a hit is a right prediction
@@ -282,23 +299,23 @@ def test_table_json_csv(capsys, hand):
     assert table[1]["hits"] == "4" and table[1]["prefetch_reads"] == "5"
 
 
-def test_cold_option(capsys, hand):
+def test_cold_option(capsys, hand, run):
     # 2 slots, no prefetch, cold: every demand misses (15 reads for 5 tokens x 3 layers)
-    rc, out, err = run(capsys, hand, "--slots", "2", "--cold", "--json")
+    rc, out, err = run(hand, "--slots", "2", "--cold", "--json")
     res = json.loads(out)["results"][0]
     assert rc == EXIT_OK and res["cold"] is True and res["total"]["hits"] == 0 and res["total"]["reads"] == 15
-    rc, out, _ = run(capsys, hand, "--slots", "2", "--json")
+    rc, out, _ = run(hand, "--slots", "2", "--json")
     assert json.loads(out)["results"][0]["cold"] is False
     # 1 slot, charged prefetch: the one slot held only the prediction anyway: as warm (4 hits)
-    rc, out, _ = run(capsys, hand, "--slots", "1", "--prefetch", "trace", "--cold", "--csv")
+    rc, out, _ = run(hand, "--slots", "1", "--prefetch", "trace", "--cold", "--csv")
     table = list(csv.DictReader(io.StringIO(out)))
     assert table[1]["hits"] == "4" and {r["cold"] for r in table} == {"1"}
-    rc, out, err = run(capsys, hand, "--slots", "2", "--prefetch", "protect", "--cold")
+    rc, out, err = run(hand, "--slots", "2", "--prefetch", "protect", "--cold")
     assert rc == EXIT_OK and "cold (emptied before every token)" in out and "same hits as --prefetch none" in err
 
 
-def test_layers_option(capsys, hand):
-    rc, out, _ = run(capsys, hand, "--slots", "1", "--layers", "1", "--json")
+def test_layers_option(capsys, hand, run):
+    rc, out, _ = run(hand, "--slots", "1", "--layers", "1", "--json")
     assert rc == EXIT_OK and [x["layer"] for x in json.loads(out)["results"][0]["layers"]] == [1]
 
 
@@ -316,59 +333,117 @@ def test_layers_option(capsys, hand):
         (["{hand}"], "the following arguments are required: --slots"),
     ],
 )
-def test_usage_and_input_errors_exit_2(capsys, hand, tmp_path, args, message):
+def test_usage_and_input_errors_exit_2(capsys, hand, tmp_path, args, message, run):
     garbage = tmp_path / "garbage"
     garbage.write_bytes(b"\x00" * 600)
     paths = dict(missing=tmp_path / "missing", garbage=garbage, hand=hand)
-    rc, out, err = run(capsys, *(a.format(**paths) for a in args))
+    rc, out, err = run(*(a.format(**paths) for a in args))
     assert rc == EXIT_USAGE and out == ""
     assert message in err
 
 
-def test_slots_below_n_used_exit_2(capsys, tmp_path):
+def test_slots_below_n_used_exit_2(capsys, tmp_path, run):
     path = tmp_path / "top2.trace"
     with TraceWriter(path, TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=2)) as w:
         w.add(step=0, seq_id=0, pos=0, layer=0, actual=[0, 1])
-    rc, out, err = run(capsys, path, "--slots", "1,2")
+    rc, out, err = run(path, "--slots", "1,2")
     assert rc == EXIT_USAGE and "n_expert_used (2)" in err
 
 
-def test_a_trace_named_replay_is_given_as_dot_slash(hand, tmp_path):
+def test_a_trace_named_replay_needs_no_dot_slash(hand, tmp_path):
     (tmp_path / "replay").write_bytes(hand.read_bytes())
-    done = subprocess.run([sys.executable, "-m", "onebit_predict.cli_stats", "./replay", "--json"],
-                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["traces"][0]["total"]["tokens"] == 10  # the hit-rate form, not the subcommand
-    done = subprocess.run([sys.executable, "-m", "onebit_predict.cli_stats", "replay", "replay", "--slots", "2"],
-                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    for name in ("./replay", "replay"):
+        done = subprocess.run(
+            [sys.executable, "-m", "onebit_predict.commands.stats", name, "--json"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["traces"][0]["total"]["tokens"] == 10  # the hit-rate form, not the subcommand
+    done = subprocess.run(
+        [sys.executable, "-m", "onebit_predict.commands.stats", "replay", "replay", "--slots", "2"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert done.returncode == 0 and "lru@2 hit%" in done.stdout
 
 
-def test_help(capsys):
-    rc, out, _ = run(capsys, "--help")
+def test_help(capsys, run):
+    rc, out, _ = run("--help")
     assert rc == EXIT_OK and "--prefetch" in out and "exit codes" in out
 
 
 # --- a real trace from the patched build --------------------------------------------------
 
-def test_real_trace(tiny_model, tmp_path, capsys):
+
+def test_real_trace(tiny_model, tmp_path, capsys, run):
     """On a trace llama.cpp wrote: with n_expert_used slots and a charged prefetch of depth
     n_expert_used, the cache holds exactly the prediction, so each predicted layer's hit rate
     is its read recall as onebit-stats computes it; Belady bounds LRU and LFRU."""
     out = tmp_path / "router.bin"
-    rc = cli_trace.main([str(tiny_model("qwen3moe")), "--mode", "router", "--out", str(out), "--tokens", "24",
-                         "--generate", "24", "--ubatch", "8"])
+    rc = trace_main(
+        [
+            str(tiny_model("qwen3moe")),
+            "--mode",
+            "router",
+            "--out",
+            str(out),
+            "--tokens",
+            "24",
+            "--generate",
+            "24",
+            "--ubatch",
+            "8",
+        ]
+    )
     assert rc == EXIT_OK
     capsys.readouterr()
     trace = Trace.open(out)
     n_used = trace.header.n_expert_used
-    rc, text, _ = run(capsys, out, "--slots", str(n_used), "--prefetch", "trace", "--json")
+    rc, text, _ = run(out, "--slots", str(n_used), "--prefetch", "trace", "--json")
     assert rc == EXIT_OK
     layers = {x["layer"]: x for x in json.loads(text)["results"][0]["layers"]}
     stats = compute_stats(trace)
     for layer in sorted(trace.header.layer_mask):
         assert layers[layer]["hit_rate"] == pytest.approx(stats.layers[layer].metrics()["read_recall"], abs=1e-12)
-    rc, text, _ = run(capsys, out, "--slots", f"{n_used},{2 * n_used}", "--policy", "lru,lfru,belady", "--json")
+    rc, text, _ = run(out, "--slots", f"{n_used},{2 * n_used}", "--policy", "lru,lfru,belady", "--json")
     totals = {(r["policy"], r["slots"]): r["total"]["hits"] for r in json.loads(text)["results"]}
     for slots in (n_used, 2 * n_used):
         assert totals[("belady", slots)] >= max(totals[("lru", slots)], totals[("lfru", slots)])
+
+
+# --- protect spares all of P; LFRU with a window of 1 (issue: checks as strict as their claims) --
+
+
+def test_protect_spares_every_predicted_expert_beyond_the_slots():
+    # 2 slots, top-1: t0 0, t1 1, t2 demands 2 with the prediction 5, 6, 0 (three candidates,
+    # more than the slots). Protection spares all of P, 0 included: t2 evicts 1, and t3 hits 0.
+    # (Cutting P to its first 2 ids, as a charged prefetch is cut, left 0 unprotected.)
+    d = col([0, 1, 2, 0])
+    p = np.array([[-1, -1, -1], [-1, -1, -1], [5, 6, 0], [-1, -1, -1]], dtype=np.int32)
+    assert hits(d, "lru", 2, pred=p, prefetch="protect") == 1
+    assert hits(d, "lru", 2, pred=p, prefetch="none") == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(layer_routing())
+def test_lfru_with_a_window_of_one_is_lru_without_charged_prefetch(case):
+    d, p, slots, _ = case
+    for prefetch in ("none", "protect"):
+        lru = replay_layer(d, p, CacheConfig(slots, "lru", prefetch))
+        lfru = replay_layer(d, p, CacheConfig(slots, "lfru", prefetch, 1))
+        assert lru.hit.tolist() == lfru.hit.tolist() and lru.load_expert.tolist() == lfru.load_expert.tolist()
+
+
+def test_lfru_with_a_window_of_one_is_not_lru_under_charged_prefetch():
+    # 2 slots, top-1: t0 demands 0; t1 predicts 2 (wasted) and demands 1; t2 demands 0.
+    # lru at t1: the prefetched 2 is the newest, so 1's miss evicts 0: t2 misses.
+    # lfru (window 1 = t0's demand): 0 has a use, 2 has none, so 1's miss evicts 2: t2 hits.
+    d = col([0, 1, 0])
+    p = col([-1, 2, -1])
+    assert hits(d, "lru", 2, pred=p, prefetch="trace") == 0
+    assert hits(d, "lfru", 2, pred=p, prefetch="trace", window=1) == 1

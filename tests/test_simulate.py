@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onebit_predict import cli_trace
-from onebit_predict.cli_stats import main as stats_main
+from onebit_predict.cache.expert_bytes import ModelError, expert_bytes_from_gguf
+from onebit_predict.cache.replay import CacheConfig
+from onebit_predict.cache.routing import load_routing
+from onebit_predict.cache.simulate import PRED_NONE, ComputeModel, Drive, DriveModel, simulate
+from onebit_predict.commands.stats import main as stats_main
+from onebit_predict.commands.trace import main as trace_main
 from onebit_predict.constants import EXIT_OK, EXIT_USAGE, MODE_ROUTER
-from onebit_predict.expert_bytes import ModelError, expert_bytes_from_gguf
-from onebit_predict.replay import CacheConfig
-from onebit_predict.routing import load_routing
-from onebit_predict.simulate import PRED_NONE, ComputeModel, Drive, DriveModel, simulate
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
 from onebit_predict.units import parse_bandwidth, parse_size
@@ -31,6 +31,7 @@ MODELS = REPO / "models"
 
 
 # --- the drive ----------------------------------------------------------------------------
+
 
 def test_drive_fifo_queue():
     # 1 MB at 1 GB/s = 1 ms of transfer, 0.5 ms latency
@@ -50,19 +51,50 @@ def test_drive_fifo_queue():
 # row at pos 0, then 3 decode tokens (pos 1..3).
 CASE_ACTUAL = {0: [0, 0, 1, 1], 1: [2, 2, 3, 2]}
 CASE_ROUTER = [None, [2], [0], [2]]  # right, wrong, right
-CASE_ARGS = ["--expert-bytes", "1MB", "--bandwidth", "0.5GB/s", "--latency-us", "1000", "--queue-depth", "1",
-             "--layer-ms", "2", "--route-at", "0.5", "--slots", "1", "--policy", "lru"]
+CASE_ARGS = [
+    "--expert-bytes",
+    "1MB",
+    "--bandwidth",
+    "0.5GB/s",
+    "--latency-us",
+    "1000",
+    "--queue-depth",
+    "1",
+    "--layer-ms",
+    "2",
+    "--route-at",
+    "0.5",
+    "--slots",
+    "1",
+    "--policy",
+    "lru",
+]
 
 
 def make_case(path: Path) -> Path:
-    h = TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, depth=1, mode=MODE_ROUTER, layers={1},
-                          arch="qwen3moe", model="worked case")
+    h = TraceHeader.build(
+        n_layer=2,
+        n_expert=4,
+        n_expert_used=1,
+        depth=1,
+        mode=MODE_ROUTER,
+        layers={1},
+        arch="qwen3moe",
+        model="worked case",
+    )
     with TraceWriter(path, h) as w:
         for pos in range(4):
             for layer in range(2):
                 pred = CASE_ROUTER[pos] if layer == 1 else None
-                w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=[CASE_ACTUAL[layer][pos]], pred=pred,
-                      decode=pos > 0)
+                w.add(
+                    step=pos,
+                    seq_id=0,
+                    pos=pos,
+                    layer=layer,
+                    actual=[CASE_ACTUAL[layer][pos]],
+                    pred=pred,
+                    decode=pos > 0,
+                )
     return path
 
 
@@ -71,11 +103,10 @@ def case(tmp_path):
     return make_case(tmp_path / "case.trace")
 
 
-def run(capsys, *args) -> tuple[int, str, str]:
-    rc = stats_main(["simulate", *map(str, args)])
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err
-    return rc, out, err
+@pytest.fixture
+def run(run_cli):
+    """``run(*args)``: onebit-stats simulate with args (exit code, stdout, stderr)."""
+    return lambda *args: run_cli(stats_main, "simulate", *args)
 
 
 def runs_of(out: str) -> dict[str, dict]:
@@ -95,8 +126,8 @@ def assert_worked_runs(runs: dict[str, dict], expected: dict[str, tuple], none_m
         assert x["speedup"] == pytest.approx(none_ms / total), name
 
 
-def test_worked_case(capsys, case):
-    rc, out, _ = run(capsys, case, *CASE_ARGS, "--json")
+def test_worked_case(capsys, case, run):
+    rc, out, _ = run(case, *CASE_ARGS, "--json")
     assert rc == EXIT_OK
     r = runs_of(out)
     assert list(r) == ["none", "previous-token", "router", "oracle"]
@@ -111,9 +142,9 @@ def test_worked_case(capsys, case):
     assert r["router"]["saved_pct"] == pytest.approx(100 * 3 / 27)
 
 
-def test_worked_case_with_the_predictor_cost(capsys, case):
+def test_worked_case_with_the_predictor_cost(capsys, case, run):
     # 25 % of a token's compute (2 layers x 2 ms) = 1 ms, paid by layer 0 (it predicts layer 1)
-    rc, out, _ = run(capsys, case, *CASE_ARGS, "--predictor-cost-pct", "25", "--json")
+    rc, out, _ = run(case, *CASE_ARGS, "--predictor-cost-pct", "25", "--json")
     assert rc == EXIT_OK
     report = json.loads(out)
     assert report["model"]["cost_ms_by_layer"] == {"0": 1.0}
@@ -122,11 +153,11 @@ def test_worked_case_with_the_predictor_cost(capsys, case):
     assert r["router"]["spent_pct"] == pytest.approx(100 * 3 / 27)  # 11.1 %
     assert r["router"]["saved_pct"] == 0.0
     assert r["oracle"]["total_ms"] == 21.0  # only the trace's predictor pays
-    rc, out, _ = run(capsys, case, *CASE_ARGS, "--predictor-cost-pct", "25")
+    rc, out, _ = run(case, *CASE_ARGS, "--predictor-cost-pct", "25")
     assert "router: spent 11.1 %, saved 0.0 %" in out
 
 
-def test_worked_case_cold(capsys, case):
+def test_worked_case_cold(capsys, case, run):
     """--cold: every layer's cache is emptied before each token (onebit-bench --cold).
 
     Same model as the worked case; a read on an idle drive takes 3 ms (1 latency + 2
@@ -150,7 +181,7 @@ def test_worked_case_cold(capsys, case):
       (15) E16; t3 L0 R17 1: 17->20, prefetch 2: 20->23, E21; L1 R22 late (23) E24.
       24 ms, 6 reads, 6 stalls, 3+1+3+1+3+1 = 12 ms, 3 late, hit rate 3/6, speedup 1.25.
     """
-    rc, out, _ = run(capsys, case, *CASE_ARGS, "--cold", "--json")
+    rc, out, _ = run(case, *CASE_ARGS, "--cold", "--json")
     assert rc == EXIT_OK
     report = json.loads(out)
     assert report["model"]["cold"] is True
@@ -163,12 +194,12 @@ def test_worked_case_cold(capsys, case):
     }
     assert_worked_runs(r, expected, none_ms=30.0)
     assert r["router"]["saved_pct"] == pytest.approx(10.0)
-    rc, out, _ = run(capsys, case, *CASE_ARGS, "--json")
+    rc, out, _ = run(case, *CASE_ARGS, "--json")
     assert json.loads(out)["model"]["cold"] is False
-    rc, out, _ = run(capsys, case, *CASE_ARGS, "--cold", "--csv")
+    rc, out, _ = run(case, *CASE_ARGS, "--cold", "--csv")
     table = list(csv.DictReader(io.StringIO(out)))
     assert [row["cold"] for row in table] == ["1"] * 4 and float(table[0]["tok_s"]) == pytest.approx(100.0)
-    rc, out, _ = run(capsys, case, *CASE_ARGS, "--cold")
+    rc, out, _ = run(case, *CASE_ARGS, "--cold")
     assert "cold (emptied before every token)" in out and "router: spent 0.0 %, saved 10.0 %" in out
 
 
@@ -184,8 +215,7 @@ def random_routing(draw):
     pred = [[draw(picks)[:n_used] for _ in range(n_layer)] for _ in range(n_tok + 1)]
     slots = draw(st.integers(n_used, n_expert + 1))
     policy = draw(st.sampled_from(["lru", "lfru", "belady"]))
-    drive = (draw(st.sampled_from([0.2e9, 1e9, 5e9])), draw(st.sampled_from([0.0, 0.1, 1.0])),
-             draw(st.integers(1, 4)))
+    drive = (draw(st.sampled_from([0.2e9, 1e9, 5e9])), draw(st.sampled_from([0.0, 0.1, 1.0])), draw(st.integers(1, 4)))
     compute = ComputeModel(draw(st.sampled_from([0.0, 0.3, 2.0])), draw(st.sampled_from([0.0, 0.3, 1.0])))
     return n_layer, n_expert, n_used, actual, pred, slots, policy, drive, compute
 
@@ -198,19 +228,36 @@ def test_cold_none_reads_every_expert_and_is_never_faster(case_):
     import tempfile
 
     n_layer, n_expert, n_used, actual, pred, slots, policy, (bw, lat, q), compute = case_
-    h = TraceHeader.build(n_layer=n_layer, n_expert=n_expert, n_expert_used=n_used, depth=n_used,
-                          mode=MODE_ROUTER, layers=set(range(1, n_layer)), arch="qwen3moe", model="random")
+    h = TraceHeader.build(
+        n_layer=n_layer,
+        n_expert=n_expert,
+        n_expert_used=n_used,
+        depth=n_used,
+        mode=MODE_ROUTER,
+        layers=set(range(1, n_layer)),
+        arch="qwen3moe",
+        model="random",
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "r.trace"
         with TraceWriter(path, h) as w:
             for pos in range(len(actual)):
                 for layer in range(n_layer):
-                    w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=actual[pos][layer],
-                          pred=pred[pos][layer] if layer >= 1 and pos > 0 else None, decode=pos > 0)
+                    w.add(
+                        step=pos,
+                        seq_id=0,
+                        pos=pos,
+                        layer=layer,
+                        actual=actual[pos][layer],
+                        pred=pred[pos][layer] if layer >= 1 and pos > 0 else None,
+                        decode=pos > 0,
+                    )
         routing = load_routing(Trace.open(path))
-    size = {l: 1e6 for l in range(n_layer)}
-    res = {cold: simulate(routing, size, CacheConfig(slots, policy, cold=cold), compute, [bw], lat, q)
-           for cold in (False, True)}
+    size = {layer: 1e6 for layer in range(n_layer)}
+    res = {
+        cold: simulate(routing, size, CacheConfig(slots, policy, cold=cold), compute, [bw], lat, q)
+        for cold in (False, True)
+    }
     cold, warm = res[True].run(PRED_NONE, bw), res[False].run(PRED_NONE, bw)
     demand = (len(actual) - 1) * n_layer * n_used
     assert cold.counts.demand == demand and cold.counts.hits == 0 and cold.counts.hit_rate == 0
@@ -221,8 +268,8 @@ def test_cold_none_reads_every_expert_and_is_never_faster(case_):
         assert r.counts.hits == r.counts.prefetch_useful
 
 
-def test_table_and_csv(capsys, case):
-    rc, out, _ = run(capsys, case, *CASE_ARGS[:2], "--bandwidth", "0.5GB/s,1GB/s", *CASE_ARGS[4:])
+def test_table_and_csv(capsys, case, run):
+    rc, out, _ = run(case, *CASE_ARGS[:2], "--bandwidth", "0.5GB/s,1GB/s", *CASE_ARGS[4:])
     assert rc == EXIT_OK
     at_half, at_one = out.split("bandwidth 1 GB/s")
     assert "bandwidth 500 MB/s" in at_half
@@ -231,19 +278,27 @@ def test_table_and_csv(capsys, case):
     assert "router: spent 0.0 %, saved 11.1 %" in at_half  # 24 ms against 27
     assert "router: spent 0.0 %, saved 18.2 %" in at_one  # 18 ms against 22
     assert "per-layer hit rate" in at_one
-    rc, out, _ = run(capsys, case, *CASE_ARGS, "--csv")
+    rc, out, _ = run(case, *CASE_ARGS, "--csv")
     table = list(csv.DictReader(io.StringIO(out)))
     assert [r["predictor"] for r in table] == ["none", "previous-token", "router", "oracle"]
     assert float(table[2]["tok_s"]) == pytest.approx(125.0)
 
 
-def test_bench_json(capsys, case, tmp_path):
+def test_bench_json(capsys, case, tmp_path, run):
     bench = tmp_path / "bench.json"
-    bench.write_text(json.dumps({"rows": [{"name": "patched off", "median_tok_s": 250.0, "ratio_to_off": 1.0},
-                                          {"name": "router", "median_tok_s": 200.0, "ratio_to_off": 0.8}]}))
+    bench.write_text(
+        json.dumps(
+            {
+                "rows": [
+                    {"name": "patched off", "median_tok_s": 250.0, "ratio_to_off": 1.0},
+                    {"name": "router", "median_tok_s": 200.0, "ratio_to_off": 0.8},
+                ]
+            }
+        )
+    )
     # 250 tok/s over 2 layers: 2 ms a layer; router at 0.8 of off costs 25 %
     args = [a for a in CASE_ARGS if a not in ("--layer-ms", "2")]
-    rc, out, _ = run(capsys, case, *args, "--bench-json", bench, "--json")
+    rc, out, _ = run(case, *args, "--bench-json", bench, "--json")
     assert rc == EXIT_OK
     model = json.loads(out)["model"]
     assert model["layer_ms"] == pytest.approx(2.0) and model["predictor_cost_pct"] == pytest.approx(25.0)
@@ -252,11 +307,12 @@ def test_bench_json(capsys, case, tmp_path):
 
 # --- expert bytes and units ---------------------------------------------------------------
 
+
 def test_expert_bytes_of_the_bundled_models():
     for name in ("qwen3moe-tiny", "qwen4exp-tiny"):
         per_layer, n_expert = expert_bytes_from_gguf(MODELS / f"{name}.gguf")
         # gate, up, down: 64 x 64 F16 each = 8192 bytes per expert and tensor
-        assert n_expert == 16 and per_layer == {l: 3 * 64 * 64 * 2 for l in range(8)}
+        assert n_expert == 16 and per_layer == {layer: 3 * 64 * 64 * 2 for layer in range(8)}
 
 
 def dense_gguf(path: Path) -> Path:
@@ -277,8 +333,9 @@ def test_model_without_experts_is_refused(tmp_path):
         expert_bytes_from_gguf(dense_gguf(tmp_path / "dense.gguf"))
 
 
-@pytest.mark.parametrize("text, value", [("3GB/s", 3e9), ("3 GB/s", 3e9), ("500MiB/s", 500 * 2**20), ("7e9", 7e9),
-                                         ("1.5gB/s", 1.5e9)])
+@pytest.mark.parametrize(
+    "text, value", [("3GB/s", 3e9), ("3 GB/s", 3e9), ("500MiB/s", 500 * 2**20), ("7e9", 7e9), ("1.5gB/s", 1.5e9)]
+)
 def test_parse_bandwidth(text, value):
     assert parse_bandwidth(text) == value
 
@@ -299,58 +356,74 @@ def test_parse_size():
 
 # --- exit codes ---------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["{missing}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "1"], "No such file"),
         (["{case}", "--expert-bytes", "1MB", "--bandwidth", "3Gb/s", "--layer-ms", "1"], "is not a bandwidth"),
         (["{case}", "--expert-bytes", "1MB", "--bandwidth", "fast", "--layer-ms", "1"], "'fast' is not a bandwidth"),
-        (["{case}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "1", "--slots", "0"],
-         "'0' is not a positive integer"),
+        (
+            ["{case}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "1", "--slots", "0"],
+            "'0' is not a positive integer",
+        ),
         (["{case}", "--expert-bytes", "lots", "--bandwidth", "3GB/s", "--layer-ms", "1"], "'lots' is not a size"),
         (["{case}", "--model", "{dense}", "--bandwidth", "3GB/s", "--layer-ms", "1"], "no routed-expert tensors"),
-        (["{case}", "--model", "{qwen3moe}", "--bandwidth", "3GB/s", "--layer-ms", "1"],
-         "has 16 experts per layer, the trace 4"),
+        (
+            ["{case}", "--model", "{qwen3moe}", "--bandwidth", "3GB/s", "--layer-ms", "1"],
+            "has 16 experts per layer, the trace 4",
+        ),
         (["{case}", "--model", "{missing}", "--bandwidth", "3GB/s", "--layer-ms", "1"], "no such file"),
         (["{case}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s"], "--layer-ms MS or --bench-json"),
         (["{case}", "--bandwidth", "3GB/s", "--layer-ms", "1"], "one of the arguments --model --expert-bytes"),
-        (["{case}", "--expert-bytes", "1MB", "--model", "{qwen3moe}", "--bandwidth", "3GB/s", "--layer-ms", "1"],
-         "not allowed with"),
-        (["{case}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "1", "--route-at", "2"],
-         "'2' is not in [0, 1]"),
-        (["{case}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "-1"],
-         "'-1' is not a finite number >= 0"),
+        (
+            ["{case}", "--expert-bytes", "1MB", "--model", "{qwen3moe}", "--bandwidth", "3GB/s", "--layer-ms", "1"],
+            "not allowed with",
+        ),
+        (
+            ["{case}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "1", "--route-at", "2"],
+            "'2' is not in [0, 1]",
+        ),
+        (
+            ["{case}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "-1"],
+            "'-1' is not a finite number >= 0",
+        ),
         (["{case}", "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--bench-json", "{missing}"], "--bench-json"),
     ],
 )
-def test_usage_and_input_errors_exit_2(capsys, case, tmp_path, args, message):
-    paths = dict(missing=tmp_path / "missing", case=case, dense=dense_gguf(tmp_path / "dense.gguf"),
-                 qwen3moe=MODELS / "qwen3moe-tiny.gguf")
-    rc, out, err = run(capsys, *(a.format(**paths) for a in args))
+def test_usage_and_input_errors_exit_2(capsys, case, tmp_path, args, message, run):
+    paths = dict(
+        missing=tmp_path / "missing",
+        case=case,
+        dense=dense_gguf(tmp_path / "dense.gguf"),
+        qwen3moe=MODELS / "qwen3moe-tiny.gguf",
+    )
+    rc, out, err = run(*(a.format(**paths) for a in args))
     assert rc == EXIT_USAGE and out == ""
     assert message in err
 
 
-def test_slots_below_n_used_exit_2(capsys, tmp_path):
+def test_slots_below_n_used_exit_2(capsys, tmp_path, run):
     path = tmp_path / "top2.trace"
     with TraceWriter(path, TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=2)) as w:
         w.add(step=0, seq_id=0, pos=0, layer=0, actual=[0, 1])
-    rc, _, err = run(capsys, path, "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "1", "--slots", "1")
+    rc, _, err = run(path, "--expert-bytes", "1MB", "--bandwidth", "3GB/s", "--layer-ms", "1", "--slots", "1")
     assert rc == EXIT_USAGE and "n_expert_used (2)" in err
 
 
 # --- --plot -------------------------------------------------------------------------------
 
-def test_plot(capsys, case, tmp_path):
+
+def test_plot(capsys, case, tmp_path, run):
     pytest.importorskip("matplotlib")
     png = tmp_path / "sim.png"
-    rc, out, err = run(capsys, case, *CASE_ARGS, "--plot", png)
+    rc, out, err = run(case, *CASE_ARGS, "--plot", png)
     assert rc == EXIT_OK and "wrote" in err
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "bandwidth 500 MB/s" in out and "bandwidth 1 GB/s" not in out  # the sweep is only plotted
 
 
-def test_plot_without_matplotlib(capsys, case, tmp_path, monkeypatch):
+def test_plot_without_matplotlib(capsys, case, tmp_path, monkeypatch, run):
     import builtins
 
     real_import = builtins.__import__
@@ -361,27 +434,28 @@ def test_plot_without_matplotlib(capsys, case, tmp_path, monkeypatch):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_matplotlib)
-    rc, out, err = run(capsys, case, *CASE_ARGS, "--plot", tmp_path / "x.png")
+    rc, out, err = run(case, *CASE_ARGS, "--plot", tmp_path / "x.png")
     assert rc == EXIT_USAGE and out == ""
     assert "--plot needs matplotlib" in err and "onebit-predict[plot]" in err
 
 
 # --- a real trace from the patched build --------------------------------------------------
 
-def test_real_trace(tiny_model, tmp_path, capsys):
+
+def test_real_trace(tiny_model, tmp_path, capsys, run):
     """A trace llama.cpp wrote, sized by its own GGUF: the oracle reads no more than none and
     is never slower; every predictor's bytes are whole expert reads."""
     model = tiny_model("qwen3moe")
     out = tmp_path / "block.bin"
-    rc = cli_trace.main([str(model), "--mode", "block", "--out", str(out), "--tokens", "24", "--generate", "24",
-                         "--ubatch", "8"])
+    rc = trace_main(
+        [str(model), "--mode", "block", "--out", str(out), "--tokens", "24", "--generate", "24", "--ubatch", "8"]
+    )
     assert rc == EXIT_OK
     capsys.readouterr()
     per_layer, _ = expert_bytes_from_gguf(model)
     assert len(set(per_layer.values())) == 1
     size = per_layer[0]
-    rc, text, err = run(capsys, out, "--model", model, "--bandwidth", "100MB/s,1GB/s", "--layer-ms", "0.05",
-                        "--json")
+    rc, text, err = run(out, "--model", model, "--bandwidth", "100MB/s,1GB/s", "--layer-ms", "0.05", "--json")
     assert rc == EXIT_OK, err
     report = json.loads(text)
     assert report["tokens"] == 24

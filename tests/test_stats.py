@@ -8,22 +8,30 @@ import numpy as np
 import pytest
 
 from onebit_predict.constants import MODE_OFF
+from onebit_predict.metrics.stats import LayerCounts, compare_routing, compute_stats
 from onebit_predict.policy import n_read_rows
-from onebit_predict.stats import LayerCounts, compare_routing, compute_stats
 from onebit_predict.trace import Trace, TraceHeader
-from onebit_predict.trace_writer import TraceWriter
 
 
-def write(path, header, rows):
-    with TraceWriter(path, header) as w:
-        for row in rows:
-            w.add(**row)
-    return Trace.open(path)
+@pytest.fixture
+def write(write_trace):
+    """``write(path, header, rows)``: the trace of rows (conftest's write_trace), opened."""
+    return lambda path, header, rows: Trace.open(write_trace(path, header, rows))
 
 
 def r(step, seq, pos, layer, actual, weights=None, pred=None, logits=None, n_read=None, decode=True):
-    return dict(step=step, seq_id=seq, pos=pos, layer=layer, actual=actual, weights=weights, pred=pred,
-                logits=logits, n_read=n_read, decode=decode)
+    return dict(
+        step=step,
+        seq_id=seq,
+        pos=pos,
+        layer=layer,
+        actual=actual,
+        weights=weights,
+        pred=pred,
+        logits=logits,
+        n_read=n_read,
+        decode=decode,
+    )
 
 
 # The main case: 4 layers, 8 experts, top-2, depth 4 (> n_used), margin 1.0, floor 1.
@@ -33,38 +41,136 @@ def r(step, seq, pos, layer, actual, weights=None, pred=None, logits=None, n_rea
 # Step 1: decode rows seq 1 pos 1, then seq 0 pos 2 (row order != sequence order).
 # Step 2: decode rows seq 0 pos 3, then seq 1 pos 2.
 # n_read follows the gate: leading run with logits[0] - logits[i] <= 1.0, at least 1.
-MAIN_HEADER = TraceHeader.build(n_layer=4, n_expert=8, n_expert_used=2, depth=4, margin=1.0, min_read=1,
-                                layers={1, 2}, arch="qwen3moe", model="hand-made")
+MAIN_HEADER = TraceHeader.build(
+    n_layer=4,
+    n_expert=8,
+    n_expert_used=2,
+    depth=4,
+    margin=1.0,
+    min_read=1,
+    layers={1, 2},
+    arch="qwen3moe",
+    model="hand-made",
+)
 MAIN_ROWS = [
     # ---- step 0
-    r(0, 0, 0, 0, [0, 1]), r(0, 0, 1, 0, [2, 3]), r(0, 1, 0, 0, [4, 5]),
+    r(step=0, seq=0, pos=0, layer=0, actual=[0, 1]),
+    r(step=0, seq=0, pos=1, layer=0, actual=[2, 3]),
+    r(step=0, seq=1, pos=0, layer=0, actual=[4, 5]),
     # prefill rows carry (wrong) predictions: they must not be scored
-    r(0, 0, 0, 1, [0, 1], pred=[4, 5, 6, 7], logits=[0, -2, -3, -4], n_read=1, decode=False),
-    r(0, 0, 1, 1, [1, 2], pred=[4, 5, 6, 7], logits=[0, -2, -3, -4], n_read=1, decode=False),
-    r(0, 1, 0, 1, [4, 5], pred=[6, 7, 0, 1], logits=[0, -0.5, -3, -4], n_read=2),  # first token
-    r(0, 0, 0, 2, [0, 1], pred=[7, 6, 5, 4], logits=[0, -2, -3, -4], n_read=1, decode=False),
-    r(0, 0, 1, 2, [0, 1], pred=[7, 6, 5, 4], logits=[0, -2, -3, -4], n_read=1, decode=False),
-    r(0, 1, 0, 2, [2, 3], pred=[7, 6, 5, 4], logits=[0, -2, -3, -4], n_read=1),  # first token
-    r(0, 0, 1, 3, [6, 7], decode=False), r(0, 1, 0, 3, [0, 1]),
+    r(step=0, seq=0, pos=0, layer=1, actual=[0, 1], pred=[4, 5, 6, 7], logits=[0, -2, -3, -4], n_read=1, decode=False),
+    r(step=0, seq=0, pos=1, layer=1, actual=[1, 2], pred=[4, 5, 6, 7], logits=[0, -2, -3, -4], n_read=1, decode=False),
+    r(
+        step=0, seq=1, pos=0, layer=1, actual=[4, 5], pred=[6, 7, 0, 1], logits=[0, -0.5, -3, -4], n_read=2
+    ),  # first token
+    r(step=0, seq=0, pos=0, layer=2, actual=[0, 1], pred=[7, 6, 5, 4], logits=[0, -2, -3, -4], n_read=1, decode=False),
+    r(step=0, seq=0, pos=1, layer=2, actual=[0, 1], pred=[7, 6, 5, 4], logits=[0, -2, -3, -4], n_read=1, decode=False),
+    r(step=0, seq=1, pos=0, layer=2, actual=[2, 3], pred=[7, 6, 5, 4], logits=[0, -2, -3, -4], n_read=1),  # first token
+    r(step=0, seq=0, pos=1, layer=3, actual=[6, 7], decode=False),
+    r(step=0, seq=1, pos=0, layer=3, actual=[0, 1]),
     # ---- step 1
-    r(1, 1, 1, 0, [1, 2]), r(1, 0, 2, 0, [3, 4]),
-    r(1, 1, 1, 1, [5, 6], [0.7, 0.3], pred=[5, 7, 6, 0], logits=[2.0, 1.5, 0.5, 0.0], n_read=2),
-    r(1, 0, 2, 1, [2, 3], [0.6, 0.4], pred=[2, 3, 4, 5], logits=[1.0, 0.5, 0.25, 0.0], n_read=4),
-    r(1, 1, 1, 2, [1, 2], [0.5, 0.5], pred=[3, 4, 1, 2], logits=[1.0, 0.9, 0.8, 0.7], n_read=4),
-    r(1, 0, 2, 2, [0, 1], [0.5, 0.5], pred=[0, 1, 2, 3], logits=[2.0, 1.5, 0.0, -1.0], n_read=2),
-    r(1, 1, 1, 3, [0, 2]), r(1, 0, 2, 3, [6, 7]),
+    r(step=1, seq=1, pos=1, layer=0, actual=[1, 2]),
+    r(step=1, seq=0, pos=2, layer=0, actual=[3, 4]),
+    r(
+        step=1,
+        seq=1,
+        pos=1,
+        layer=1,
+        actual=[5, 6],
+        weights=[0.7, 0.3],
+        pred=[5, 7, 6, 0],
+        logits=[2.0, 1.5, 0.5, 0.0],
+        n_read=2,
+    ),
+    r(
+        step=1,
+        seq=0,
+        pos=2,
+        layer=1,
+        actual=[2, 3],
+        weights=[0.6, 0.4],
+        pred=[2, 3, 4, 5],
+        logits=[1.0, 0.5, 0.25, 0.0],
+        n_read=4,
+    ),
+    r(
+        step=1,
+        seq=1,
+        pos=1,
+        layer=2,
+        actual=[1, 2],
+        weights=[0.5, 0.5],
+        pred=[3, 4, 1, 2],
+        logits=[1.0, 0.9, 0.8, 0.7],
+        n_read=4,
+    ),
+    r(
+        step=1,
+        seq=0,
+        pos=2,
+        layer=2,
+        actual=[0, 1],
+        weights=[0.5, 0.5],
+        pred=[0, 1, 2, 3],
+        logits=[2.0, 1.5, 0.0, -1.0],
+        n_read=2,
+    ),
+    r(step=1, seq=1, pos=1, layer=3, actual=[0, 2]),
+    r(step=1, seq=0, pos=2, layer=3, actual=[6, 7]),
     # ---- step 2
-    r(2, 0, 3, 0, [5, 6]), r(2, 1, 2, 0, [7, 0]),
-    r(2, 0, 3, 1, [3, 7], [0.5, 0.5], pred=[0, 1, 3, 7], logits=[5.0, 3.0, 2.5, 2.0], n_read=1),
-    r(2, 1, 2, 1, [6, 5], [0.8, 0.2], pred=[6, 5, 1, 2], logits=[1.0, 1.0, 1.0, 1.0], n_read=4),
-    r(2, 0, 3, 2, [4, 0], [0.9, 0.1], pred=[0, 5, 6, 4], logits=[3.0, 2.5, 2.0, 1.0], n_read=3),
-    r(2, 1, 2, 2, [1, 2], [0.5, 0.5], pred=[1, 2, 3, 4], logits=[0.0, 0.0, -0.5, -2.0], n_read=3),
-    r(2, 0, 3, 3, [5, 4]), r(2, 1, 2, 3, [2, 0]),
+    r(step=2, seq=0, pos=3, layer=0, actual=[5, 6]),
+    r(step=2, seq=1, pos=2, layer=0, actual=[7, 0]),
+    r(
+        step=2,
+        seq=0,
+        pos=3,
+        layer=1,
+        actual=[3, 7],
+        weights=[0.5, 0.5],
+        pred=[0, 1, 3, 7],
+        logits=[5.0, 3.0, 2.5, 2.0],
+        n_read=1,
+    ),
+    r(
+        step=2,
+        seq=1,
+        pos=2,
+        layer=1,
+        actual=[6, 5],
+        weights=[0.8, 0.2],
+        pred=[6, 5, 1, 2],
+        logits=[1.0, 1.0, 1.0, 1.0],
+        n_read=4,
+    ),
+    r(
+        step=2,
+        seq=0,
+        pos=3,
+        layer=2,
+        actual=[4, 0],
+        weights=[0.9, 0.1],
+        pred=[0, 5, 6, 4],
+        logits=[3.0, 2.5, 2.0, 1.0],
+        n_read=3,
+    ),
+    r(
+        step=2,
+        seq=1,
+        pos=2,
+        layer=2,
+        actual=[1, 2],
+        weights=[0.5, 0.5],
+        pred=[1, 2, 3, 4],
+        logits=[0.0, 0.0, -0.5, -2.0],
+        n_read=3,
+    ),
+    r(step=2, seq=0, pos=3, layer=3, actual=[5, 4]),
+    r(step=2, seq=1, pos=2, layer=3, actual=[2, 0]),
 ]
 
 
 @pytest.fixture
-def main_trace(tmp_path):
+def main_trace(tmp_path, write):
     return write(tmp_path / "main.trace", MAIN_HEADER, MAIN_ROWS)
 
 
@@ -116,15 +222,40 @@ def test_unpredicted_layer_has_baseline_only(main_trace):
     m = c.metrics()
     assert (m["baseline_tokens"], m["baseline_recall"]) == (4, 5 / 8)
     assert m["tokens"] == 0
-    for name in ("slot_recall_used", "slot_recall_depth", "read_recall", "precision", "wasted_per_useful",
-                 "exact_match", "gate_mass_recall", "candidates_read", "candidates_gated"):
+    for name in (
+        "slot_recall_used",
+        "slot_recall_depth",
+        "read_recall",
+        "precision",
+        "wasted_per_useful",
+        "exact_match",
+        "gate_mass_recall",
+        "candidates_read",
+        "candidates_gated",
+    ):
         assert m[name] is None, name
     assert c.records == 6
 
 
-def test_layer_0_is_never_scored(main_trace):
+def test_layer_0_has_a_baseline_and_no_prediction(main_trace):
+    # layer 0 is never predicted, but its previous-token baseline is scored like any layer's:
+    #   s0p1 {2,3} vs {0,1}: 0;  s1p1 {1,2} vs {4,5}: 0;  s0p2 {3,4} vs {2,3}: 1;
+    #   s0p3 {5,6} vs {3,4}: 0;  s1p2 {7,0} vs {1,2}: 0
     c = compute_stats(main_trace).layers[0]
-    assert c.records == 7 and c.metrics()["baseline_recall"] is None and c.base_tokens == 0
+    m = c.metrics()
+    assert c.records == 7 and c.tokens == 0 and m["read_recall"] is None
+    assert (m["baseline_tokens"], m["baseline_recall"]) == (5, 1 / 10)
+
+
+def test_the_total_compares_the_same_tokens(main_trace):
+    """The total sums the predicted layers (the header's mask) for the baseline too: layer 0 and
+    the unpredicted layer 3 show their baseline in their own rows only."""
+    st = compute_stats(main_trace)
+    mask = st.header.layer_mask
+    assert 0 not in mask and 3 not in mask
+    total = st.total
+    assert total.base_tokens == sum(c.base_tokens for layer, c in st.layers.items() if layer in mask)
+    assert total.base_tokens == total.tokens  # every scored row of a predicted layer is predicted here
 
 
 def test_total_is_micro_averaged(main_trace):
@@ -140,7 +271,8 @@ def test_total_is_micro_averaged(main_trace):
     assert m["exact_match"] == 4 / 8
     assert m["gate_mass_recall"] == pytest.approx(5.8 / 8, abs=1e-6)
     assert (m["candidates_read"], m["candidates_gated"]) == (23, 9)
-    assert (m["baseline_tokens"], m["baseline_recall"]) == (12, 16 / 24)  # (5+6+5) / (12*2)
+    # the predicted layers 1 and 2: (5+6) / (8*2); layer 3's baseline (5/8) stays in its own row
+    assert (m["baseline_tokens"], m["baseline_recall"]) == (8, 11 / 16)
     assert st.issues == ()
 
 
@@ -148,7 +280,7 @@ def test_select_restricts_layers_and_total(main_trace):
     st = compute_stats(main_trace).select([2, 3])
     assert list(st.layers) == [2, 3]
     assert st.total.metrics()["read_recall"] == 7 / 8  # layer 3 has no predictions
-    assert st.total.metrics()["baseline_recall"] == (6 + 5) / 16
+    assert st.total.metrics()["baseline_recall"] == 6 / 8  # layer 2 only: layer 3 is not predicted
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 26])
@@ -156,57 +288,97 @@ def test_chunked_reading_gives_the_same_stats(main_trace, chunk):
     assert compute_stats(main_trace, chunk) == compute_stats(main_trace)
 
 
-def test_baseline_follows_the_sequence_not_the_row_order(tmp_path):
+def test_baseline_follows_the_sequence_not_the_row_order(tmp_path, write):
     # Two sequences interleaved: rows alternate seq 0 / seq 1, with seq 1 listed first in step 1.
     # Seq 0 always uses {0,1}, seq 1 always {6,7}: following the sequence, every decode row
     # hits 2/2; following the row order, it would hit 0.
     h = TraceHeader.build(n_layer=2, n_expert=8, n_expert_used=2, layers=set())
-    rows = [r(0, 0, 0, 1, [0, 1]), r(0, 1, 0, 1, [6, 7]),
-            r(1, 1, 1, 1, [7, 6]), r(1, 0, 1, 1, [1, 0]),
-            r(2, 0, 2, 1, [0, 1]), r(2, 1, 2, 1, [6, 7])]
+    rows = [
+        r(step=0, seq=0, pos=0, layer=1, actual=[0, 1]),
+        r(step=0, seq=1, pos=0, layer=1, actual=[6, 7]),
+        r(step=1, seq=1, pos=1, layer=1, actual=[7, 6]),
+        r(step=1, seq=0, pos=1, layer=1, actual=[1, 0]),
+        r(step=2, seq=0, pos=2, layer=1, actual=[0, 1]),
+        r(step=2, seq=1, pos=2, layer=1, actual=[6, 7]),
+    ]
     m = compute_stats(write(tmp_path / "t", h, rows)).layers[1].metrics()
     assert (m["baseline_tokens"], m["baseline_recall"]) == (4, 1.0)
 
 
-def test_restarted_sequence_and_gaps_are_first_tokens(tmp_path):
+def test_restarted_sequence_and_gaps_are_first_tokens(tmp_path, write):
     # seq 0: pos 0, 1, then restarted at pos 0 (a reused seq id), then pos 5 (a gap), pos 6.
     # Only pos 1 (prev pos 0) and pos 6 (prev pos 5) are scored: baseline tokens 2.
     h = TraceHeader.build(n_layer=2, n_expert=8, n_expert_used=1, layers={1})
-    rows = [r(s, 0, p, 1, [a], pred=[a]) for s, (p, a) in enumerate([(0, 1), (1, 1), (0, 2), (5, 3), (6, 4)])]
+    rows = [
+        r(step=s, seq=0, pos=p, layer=1, actual=[a], pred=[a])
+        for s, (p, a) in enumerate([(0, 1), (1, 1), (0, 2), (5, 3), (6, 4)])
+    ]
     m = compute_stats(write(tmp_path / "t", h, rows)).layers[1].metrics()
     # pos 1: A {1} vs prev {1} -> 1; pos 6: A {4} vs prev {3} -> 0
     assert (m["baseline_tokens"], m["baseline_recall"]) == (2, 1 / 2)
     assert (m["tokens"], m["read_recall"]) == (2, 1.0)
 
 
-def test_out_of_order_records_across_chunks_are_scored_once(tmp_path):
+def test_out_of_order_records_across_chunks_are_scored_once(tmp_path, write):
     # pos 0, pos 1, then pos 0 again (a duplicate, out of step order). Read in chunks of 2, the
     # second chunk's pos 0 sorts before the carried pos 1 record, which must not be re-scored.
     h = TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, layers=set())
-    t = write(tmp_path / "t", h, [r(0, 0, 0, 1, [0], decode=False), r(1, 0, 1, 1, [0]), r(0, 0, 0, 1, [0], decode=False)])
+    t = write(
+        tmp_path / "t",
+        h,
+        [
+            r(step=0, seq=0, pos=0, layer=1, actual=[0], decode=False),
+            r(step=1, seq=0, pos=1, layer=1, actual=[0]),
+            r(step=0, seq=0, pos=0, layer=1, actual=[0], decode=False),
+        ],
+    )
     assert compute_stats(t, 2) == compute_stats(t)
     assert compute_stats(t, 2).layers[1].base_tokens == 1
 
 
-def test_exact_match_is_set_equality(tmp_path):
+def test_exact_match_is_set_equality(tmp_path, write):
     # A [3,3] (a duplicate, which the control reports) vs P[:2] [3,1]: A ⊆ P[:2] but {3} != {1,3}
     # A [2,2] vs P[:2] [2,2]: {2} == {2}.  exact = 1 / 2
     h = TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=2, depth=2)
-    rows = [r(0, 0, 0, 1, [0, 1], pred=[0, 1]), r(1, 0, 1, 1, [3, 3], pred=[3, 1]), r(2, 0, 2, 1, [2, 2], pred=[2, 2])]
+    rows = [
+        r(step=0, seq=0, pos=0, layer=1, actual=[0, 1], pred=[0, 1]),
+        r(step=1, seq=0, pos=1, layer=1, actual=[3, 3], pred=[3, 1]),
+        r(step=2, seq=0, pos=2, layer=1, actual=[2, 2], pred=[2, 2]),
+    ]
     st = compute_stats(write(tmp_path / "t", h, rows))
     assert st.layers[1].metrics()["exact_match"] == 1 / 2
     assert st.issues == ("2 records with a duplicate actual id", "1 PREDICTED records with a duplicate predicted id")
 
 
-def test_zero_margin_gate_reads_only_the_leader_and_ties(tmp_path):
+def test_zero_margin_gate_reads_only_the_leader_and_ties(tmp_path, write):
     # margin 0, floor 0: read only candidates whose logit equals the best one.
     h = TraceHeader.build(n_layer=2, n_expert=8, n_expert_used=2, depth=4, margin=0.0, min_read=0)
     rows = [
-        r(0, 0, 0, 1, [0, 1], pred=[0, 1, 2, 3], logits=[1, 0, -1, -2], n_read=1),
+        r(step=0, seq=0, pos=0, layer=1, actual=[0, 1], pred=[0, 1, 2, 3], logits=[1, 0, -1, -2], n_read=1),
         # A {0,1}; R = {2} (n_read 1): 0 hits, 1 read
-        r(1, 0, 1, 1, [0, 1], [0.25, 0.75], pred=[2, 0, 1, 3], logits=[3, 2, 1, 0], n_read=1),
+        r(
+            step=1,
+            seq=0,
+            pos=1,
+            layer=1,
+            actual=[0, 1],
+            weights=[0.25, 0.75],
+            pred=[2, 0, 1, 3],
+            logits=[3, 2, 1, 0],
+            n_read=1,
+        ),
         # A {4,5}; logits tie for the first two: R = {5, 6} (n_read 2): 1 hit (5, weight 0.5), 2 read
-        r(2, 0, 2, 1, [4, 5], [0.5, 0.5], pred=[5, 6, 4, 0], logits=[2, 2, 1, 0], n_read=2),
+        r(
+            step=2,
+            seq=0,
+            pos=2,
+            layer=1,
+            actual=[4, 5],
+            weights=[0.5, 0.5],
+            pred=[5, 6, 4, 0],
+            logits=[2, 2, 1, 0],
+            n_read=2,
+        ),
     ]
     st = compute_stats(write(tmp_path / "t", h, rows))
     m = st.layers[1].metrics()
@@ -221,16 +393,16 @@ def test_zero_margin_gate_reads_only_the_leader_and_ties(tmp_path):
     assert (m["candidates_read"], m["candidates_gated"]) == (3, 5)  # (4-1) + (4-2)
 
 
-def test_prefill_rows_are_not_scored(tmp_path):
+def test_prefill_rows_are_not_scored(tmp_path, write):
     h = TraceHeader.build(n_layer=2, n_expert=8, n_expert_used=1)
-    rows = [r(0, 0, p, 1, [p], pred=[p], decode=False) for p in range(4)]
+    rows = [r(step=0, seq=0, pos=p, layer=1, actual=[p], pred=[p], decode=False) for p in range(4)]
     st = compute_stats(write(tmp_path / "t", h, rows))
     m = st.layers[1].metrics()
     assert st.layers[1].records == 4
     assert (m["tokens"], m["baseline_tokens"], m["read_recall"], m["baseline_recall"]) == (0, 0, None, None)
 
 
-def test_empty_trace_has_predicted_layers_unscored(tmp_path):
+def test_empty_trace_has_predicted_layers_unscored(tmp_path, write):
     h = TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=1)
     st = compute_stats(write(tmp_path / "t", h, []))
     assert list(st.layers) == [1, 2] and st.issues == ()
@@ -249,24 +421,32 @@ def test_read_counts_uses_binary32():
 # --- the consistency control -------------------------------------------------------------
 
 
-def test_control_reports_each_problem_with_its_count(tmp_path):
+def test_control_reports_each_problem_with_its_count(tmp_path, write):
     h = TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=2, depth=3, margin=1.0, min_read=1, layers={1})
     good = dict(pred=[0, 1, 2], logits=[1.0, 0.5, 0.0], n_read=3)
     rows = [
-        r(0, 0, 0, 1, [0, 1], **good),  # clean
-        r(0, 0, 1, 1, [0, 4], **good),  # actual id 4 out of [0, 4)
-        r(0, 0, 2, 1, [-1, 2], **good),  # actual id -1 out of range
-        r(0, 0, 3, 1, [3, 3], **good),  # duplicate actual
-        r(0, 0, 4, 1, [0, 1], [float("nan"), 1.0], **good),  # NaN weight
-        r(0, 0, 5, 1, [0, 1], pred=[0, 4, 1], logits=[1.0, 0.5, 0.0], n_read=3),  # pred id out of range
-        r(0, 0, 6, 1, [0, 1], pred=[0, 0, 1], logits=[1.0, 0.5, 0.0], n_read=3),  # duplicate pred
-        r(0, 0, 7, 1, [0, 1], pred=[0, 1, 2], logits=[1.0, 0.5, 0.0], n_read=2),  # gate says 3
-        r(0, 0, 8, 1, [0, 1], pred=[0, 1, 2], logits=[0.0, 0.5, 1.0], n_read=3),  # not ranked
-        r(0, 0, 9, 1, [0, 1], pred=[0, 1, 2], logits=[1.0, 0.5, 0.0], n_read=4),  # n_read > depth
-        r(0, 0, 10, 2, [0, 1], **good),  # predicted, layer 2 not in the mask
-        r(0, 0, 11, 2, [0, 1], n_read=1),  # unpredicted with n_read != 0
-        r(0, 0, 12, 3, [0, 1]),  # layer 3 >= n_layer
-        r(0, 0, 13, 7, [0, 1]),  # layer 7 >= n_layer
+        r(step=0, seq=0, pos=0, layer=1, actual=[0, 1], **good),  # clean
+        r(step=0, seq=0, pos=1, layer=1, actual=[0, 4], **good),  # actual id 4 out of [0, 4)
+        r(step=0, seq=0, pos=2, layer=1, actual=[-1, 2], **good),  # actual id -1 out of range
+        r(step=0, seq=0, pos=3, layer=1, actual=[3, 3], **good),  # duplicate actual
+        r(step=0, seq=0, pos=4, layer=1, actual=[0, 1], weights=[float("nan"), 1.0], **good),  # NaN weight
+        r(
+            step=0, seq=0, pos=5, layer=1, actual=[0, 1], pred=[0, 4, 1], logits=[1.0, 0.5, 0.0], n_read=3
+        ),  # pred id out of range
+        r(
+            step=0, seq=0, pos=6, layer=1, actual=[0, 1], pred=[0, 0, 1], logits=[1.0, 0.5, 0.0], n_read=3
+        ),  # duplicate pred
+        r(
+            step=0, seq=0, pos=7, layer=1, actual=[0, 1], pred=[0, 1, 2], logits=[1.0, 0.5, 0.0], n_read=2
+        ),  # gate says 3
+        r(step=0, seq=0, pos=8, layer=1, actual=[0, 1], pred=[0, 1, 2], logits=[0.0, 0.5, 1.0], n_read=3),  # not ranked
+        r(
+            step=0, seq=0, pos=9, layer=1, actual=[0, 1], pred=[0, 1, 2], logits=[1.0, 0.5, 0.0], n_read=4
+        ),  # n_read > depth
+        r(step=0, seq=0, pos=10, layer=2, actual=[0, 1], **good),  # predicted, layer 2 not in the mask
+        r(step=0, seq=0, pos=11, layer=2, actual=[0, 1], n_read=1),  # unpredicted with n_read != 0
+        r(step=0, seq=0, pos=12, layer=3, actual=[0, 1]),  # layer 3 >= n_layer
+        r(step=0, seq=0, pos=13, layer=7, actual=[0, 1]),  # layer 7 >= n_layer
     ]
     st = compute_stats(write(tmp_path / "t", h, rows))
     assert list(st.issues) == [
@@ -287,7 +467,7 @@ def test_control_reports_each_problem_with_its_count(tmp_path):
     assert 3 not in st.layers and 7 not in st.layers  # out-of-range layers are not scored
 
 
-def test_control_checks_the_header(tmp_path):
+def test_control_checks_the_header(tmp_path, write):
     h = TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=2, depth=3, depth_requested=0, layers={0, 1, 5})
     st = compute_stats(write(tmp_path / "t", h, []))
     assert st.issues == (
@@ -297,16 +477,22 @@ def test_control_checks_the_header(tmp_path):
     )
 
 
-def test_control_flags_predictions_in_mode_off(tmp_path):
+def test_control_flags_predictions_in_mode_off(tmp_path, write):
     h = TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, mode=MODE_OFF)
-    st = compute_stats(write(tmp_path / "t", h, [r(0, 0, 0, 1, [0], pred=[0]), r(0, 0, 1, 1, [0])]))
+    st = compute_stats(
+        write(
+            tmp_path / "t",
+            h,
+            [r(step=0, seq=0, pos=0, layer=1, actual=[0], pred=[0]), r(step=0, seq=0, pos=1, layer=1, actual=[0])],
+        )
+    )
     assert st.issues == ("1 PREDICTED records in a trace whose mode is off",)
 
 
 # --- comparing the actual routing of two traces ---------------------------------------------
 
 
-def test_compare_routing(tmp_path):
+def test_compare_routing(tmp_path, write):
     block = dataclasses.replace(MAIN_HEADER, mode=2)
     a = write(tmp_path / "a", MAIN_HEADER, MAIN_ROWS)
     # same tokens, other predictions, actual ids listed in another order: they agree
@@ -316,12 +502,13 @@ def test_compare_routing(tmp_path):
     changed = [dict(row) for row in MAIN_ROWS]
     changed[19] = dict(changed[19], actual=[5, 1])  # s0p3 layer 0: {5,6} -> {5,1}
     diffs = compare_routing(a, write(tmp_path / "c", block, changed), records_per_chunk=4)
-    assert diffs == ["1 records differ in (seq_id, pos, layer) or actual ids",
-                     "record 19: seq 0 pos 3 layer 0 actual [5, 6] vs seq 0 pos 3 layer 0 actual [1, 5]"]
+    assert diffs == [
+        "1 records differ in (seq_id, pos, layer) or actual ids",
+        "record 19: seq 0 pos 3 layer 0 actual [5, 6] vs seq 0 pos 3 layer 0 actual [1, 5]",
+    ]
 
     shorter = compare_routing(a, write(tmp_path / "d", block, MAIN_ROWS[:-1]))
     assert shorter == ["27 vs 26 records"]
 
     other = TraceHeader.build(n_layer=4, n_expert=16, n_expert_used=2)
-    assert compare_routing(a, write(tmp_path / "e", other, [])) == [
-        "different models: n_expert 8 vs 16"]
+    assert compare_routing(a, write(tmp_path / "e", other, [])) == ["different models: n_expert 8 vs 16"]

@@ -19,16 +19,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onebit_predict import stats_kernel
 from onebit_predict.constants import (
-    MODE_BLOCK, MODE_OFF, MODE_ROUTER, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED,
+    MODE_BLOCK,
+    MODE_OFF,
+    MODE_ROUTER,
+    TRACE_CHUNK_RECORDS,
+    TRACE_FLAG_DECODE,
+    TRACE_FLAG_PREDICTED,
 )
+from onebit_predict.metrics import stats_kernel
+from onebit_predict.metrics.stats import LayerCounts, TraceStats, compute_stats
+from onebit_predict.metrics.stats_kernel import StatsKernelError
 from onebit_predict.policy import n_read_rows
-from onebit_predict.stats import LayerCounts, TraceStats, compute_stats
-from onebit_predict.stats_kernel import StatsKernelError
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
-from tests.test_stats import MAIN_HEADER, MAIN_ROWS, r, write
+from tests.test_stats import MAIN_HEADER, MAIN_ROWS, r
 
 CHUNKS = (1, 2, 5, 64, TRACE_CHUNK_RECORDS)
 
@@ -58,29 +63,42 @@ def both(trace: Trace, chunk: int = TRACE_CHUNK_RECORDS) -> TraceStats:
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 7, 26, TRACE_CHUNK_RECORDS])
-def test_main_trace(tmp_path, chunk):
-    both(write(tmp_path / "t", MAIN_HEADER, MAIN_ROWS), chunk)
+def test_main_trace(tmp_path, chunk, write_trace):
+    both(Trace.open(write_trace(tmp_path / "t", MAIN_HEADER, MAIN_ROWS)), chunk)
 
 
 HAND_MADE = {
     # seq 0 restarted at pos 0, then a gap
-    "restarts": (TraceHeader.build(n_layer=2, n_expert=8, n_expert_used=1, layers={1}),
-                 [r(s, 0, p, 1, [a], pred=[a]) for s, (p, a) in enumerate([(0, 1), (1, 1), (0, 2), (5, 3), (6, 4)])]),
+    "restarts": (
+        TraceHeader.build(n_layer=2, n_expert=8, n_expert_used=1, layers={1}),
+        [r(s, 0, p, 1, [a], pred=[a]) for s, (p, a) in enumerate([(0, 1), (1, 1), (0, 2), (5, 3), (6, 4)])],
+    ),
     # a duplicate record out of step order: sorted, and never scored twice
-    "out_of_order": (TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, layers=set()),
-                     [r(0, 0, 0, 1, [0], decode=False), r(1, 0, 1, 1, [0]), r(0, 0, 0, 1, [0], decode=False)]),
+    "out_of_order": (
+        TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, layers=set()),
+        [r(0, 0, 0, 1, [0], decode=False), r(1, 0, 1, 1, [0]), r(0, 0, 0, 1, [0], decode=False)],
+    ),
     # duplicate actual and predicted ids: exact match is set equality
-    "duplicates": (TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=2, depth=2),
-                   [r(0, 0, 0, 1, [0, 1], pred=[0, 1]), r(1, 0, 1, 1, [3, 3], pred=[3, 1]),
-                    r(2, 0, 2, 1, [2, 2], pred=[2, 2])]),
+    "duplicates": (
+        TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=2, depth=2),
+        [r(0, 0, 0, 1, [0, 1], pred=[0, 1]), r(1, 0, 1, 1, [3, 3], pred=[3, 1]), r(2, 0, 2, 1, [2, 2], pred=[2, 2])],
+    ),
     # margin 0: only the leader and its ties are read
-    "zero_margin": (TraceHeader.build(n_layer=2, n_expert=8, n_expert_used=2, depth=4, margin=0.0, min_read=0),
-                    [r(0, 0, 0, 1, [0, 1], pred=[0, 1, 2, 3], logits=[1, 0, -1, -2], n_read=1),
-                     r(1, 0, 1, 1, [0, 1], [0.25, 0.75], pred=[2, 0, 1, 3], logits=[3, 2, 1, 0], n_read=1),
-                     r(2, 0, 2, 1, [4, 5], [0.5, 0.5], pred=[5, 6, 4, 0], logits=[2, 2, 1, 0], n_read=2)]),
+    "zero_margin": (
+        TraceHeader.build(n_layer=2, n_expert=8, n_expert_used=2, depth=4, margin=0.0, min_read=0),
+        [
+            r(0, 0, 0, 1, [0, 1], pred=[0, 1, 2, 3], logits=[1, 0, -1, -2], n_read=1),
+            r(1, 0, 1, 1, [0, 1], [0.25, 0.75], pred=[2, 0, 1, 3], logits=[3, 2, 1, 0], n_read=1),
+            r(2, 0, 2, 1, [4, 5], [0.5, 0.5], pred=[5, 6, 4, 0], logits=[2, 2, 1, 0], n_read=2),
+        ],
+    ),
     # every finding of the control, and out-of-range ids where the scores look them up
-    "control": (TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=2, depth=3, margin=1.0, min_read=1, layers={1}),
-                [r(0, 0, p, 1, a, w, pred=pr, logits=lg, n_read=nr) for p, (a, w, pr, lg, nr) in enumerate([
+    "control": (
+        TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=2, depth=3, margin=1.0, min_read=1, layers={1}),
+        [
+            r(0, 0, p, 1, a, w, pred=pr, logits=lg, n_read=nr)
+            for p, (a, w, pr, lg, nr) in enumerate(
+                [
                     ([0, 1], None, [0, 1, 2], [1.0, 0.5, 0.0], 3),
                     ([0, 4], None, [0, 1, 2], [1.0, 0.5, 0.0], 3),
                     ([-1, 4], None, [4, -1, 2], [1.0, 0.5, 0.0], 3),
@@ -92,19 +110,29 @@ HAND_MADE = {
                     ([0, 1], None, [0, 1, 2], [0.0, 0.5, 1.0], 3),
                     ([0, 1], None, [0, 1, 2], [float("nan"), 0.5, 0.0], 0),
                     ([0, 1], None, [0, 1, 2], [1.0, 0.5, 0.0], 4),
-                ])] + [r(0, 0, 20, 2, [0, 1], pred=[0, 1, 2], logits=[1.0, 0.5, 0.0], n_read=3),
-                       r(0, 0, 21, 2, [0, 1], n_read=1), r(0, 0, 22, 3, [0, 1]), r(0, 0, 23, 7, [0, 1])]),
-    "mode_off": (TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, mode=MODE_OFF),
-                 [r(0, 0, 0, 1, [0], pred=[0]), r(0, 0, 1, 1, [0])]),
+                ]
+            )
+        ]
+        + [
+            r(0, 0, 20, 2, [0, 1], pred=[0, 1, 2], logits=[1.0, 0.5, 0.0], n_read=3),
+            r(0, 0, 21, 2, [0, 1], n_read=1),
+            r(0, 0, 22, 3, [0, 1]),
+            r(0, 0, 23, 7, [0, 1]),
+        ],
+    ),
+    "mode_off": (
+        TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, mode=MODE_OFF),
+        [r(0, 0, 0, 1, [0], pred=[0]), r(0, 0, 1, 1, [0])],
+    ),
     "empty": (TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=1), []),
 }
 
 
 @pytest.mark.parametrize("name", HAND_MADE)
 @pytest.mark.parametrize("chunk", [1, 2, 3, TRACE_CHUNK_RECORDS])
-def test_hand_made(tmp_path, name, chunk):
+def test_hand_made(tmp_path, name, chunk, write_trace):
     header, rows = HAND_MADE[name]
-    both(write(tmp_path / "t", header, rows), chunk)
+    both(Trace.open(write_trace(tmp_path / "t", header, rows)), chunk)
 
 
 # --- randomized traces --------------------------------------------------------------------
@@ -121,9 +149,17 @@ def random_trace(path: Path, seed: int, *, shuffle: bool = False, big_experts: b
     margin = float(rng.choice([math.inf, 0.0, 0.5, 2.0]))
     min_read = int(rng.integers(0, depth + 1))
     mode = int(rng.choice([MODE_ROUTER, MODE_BLOCK, MODE_OFF], p=[0.6, 0.3, 0.1]))
-    layers = {int(l) for l in range(n_layer + 2) if rng.random() < 0.7}
-    h = TraceHeader.build(n_layer=n_layer, n_expert=n_expert, n_expert_used=n_used, depth=depth, mode=mode,
-                          margin=margin, min_read=min_read, layers=layers)
+    layers = {int(layer) for layer in range(n_layer + 2) if rng.random() < 0.7}
+    h = TraceHeader.build(
+        n_layer=n_layer,
+        n_expert=n_expert,
+        n_expert_used=n_used,
+        depth=depth,
+        mode=mode,
+        margin=margin,
+        min_read=min_read,
+        layers=layers,
+    )
     seqs = [int(s) for s in rng.choice(np.arange(-2, 6), size=int(rng.integers(1, 5)), replace=False)]
     pos = {s: 0 for s in seqs}
     meta = []  # (step, seq, pos, layer, decode)
@@ -172,8 +208,9 @@ def random_trace(path: Path, seed: int, *, shuffle: bool = False, big_experts: b
     pred_flag = (rng.random(n) < 0.85) & (rec["layer"] >= 1) | (rng.random(n) < 0.02)
     p = ids(depth)
     take = rng.random((n, min(depth, n_used))) < 0.6
-    p[:, : take.shape[1]] = np.where(take, np.roll(actual, int(rng.integers(0, n_used)), axis=1)[:, : take.shape[1]],
-                                     p[:, : take.shape[1]])  # may duplicate: the control counts it
+    p[:, : take.shape[1]] = np.where(
+        take, np.roll(actual, int(rng.integers(0, n_used)), axis=1)[:, : take.shape[1]], p[:, : take.shape[1]]
+    )  # may duplicate: the control counts it
     bad = rng.random(n) < 0.04
     p[bad] = rng.integers(lo - 2, n_expert + 2, size=(int(bad.sum()), depth))
     logits = -np.sort(-np.round(rng.normal(0, 1.5, size=(n, depth)) * 2) / 2, axis=1).astype(np.float32)
@@ -199,7 +236,7 @@ def test_random_traces(tmp_path, seed):
     trace = random_trace(tmp_path / "t", seed)
     for chunk in CHUNKS[1:] if trace.n_records > 2000 else CHUNKS:
         st = both(trace, chunk)
-    assert st.total.base_tokens > 0  # something was scored
+    assert sum(c.base_tokens for c in st.layers.values()) > 0  # something was scored
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -236,16 +273,16 @@ def test_benchmark_trace(tmp_path, monkeypatch):
 # --- choosing the engine --------------------------------------------------------------------
 
 
-def test_unknown_engine(tmp_path):
+def test_unknown_engine(tmp_path, write_trace):
     with pytest.raises(ValueError, match="engine must be one of c, numpy"):
-        compute_stats(write(tmp_path / "t", MAIN_HEADER, MAIN_ROWS), engine="fortran")
+        compute_stats(Trace.open(write_trace(tmp_path / "t", MAIN_HEADER, MAIN_ROWS)), engine="fortran")
 
 
-def test_no_compiler_is_a_clear_error(tmp_path, monkeypatch):
+def test_no_compiler_is_a_clear_error(tmp_path, monkeypatch, write_trace):
     # no silent fallback to numpy: a kernel that cannot be built is an error that says so
     monkeypatch.setenv("ONEBIT_CACHE", str(tmp_path / "cache"))  # nothing built there yet
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
-    trace = write(tmp_path / "t", MAIN_HEADER, MAIN_ROWS)
+    trace = Trace.open(write_trace(tmp_path / "t", MAIN_HEADER, MAIN_ROWS))
     stats_kernel.load_kernel.cache_clear()
     try:
         with pytest.raises(StatsKernelError, match="needs a C compiler"):

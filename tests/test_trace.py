@@ -12,7 +12,6 @@ import pytest
 
 from onebit_predict.constants import MODE_BLOCK, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
 from onebit_predict.trace import Trace, TraceError, TraceHeader, open_trace, record_dtype
-from onebit_predict.trace_writer import TraceWriter
 
 
 def small_header(**kw) -> TraceHeader:
@@ -21,52 +20,102 @@ def small_header(**kw) -> TraceHeader:
     return TraceHeader.build(**args)
 
 
-def write(path, header, rows=()):
-    with TraceWriter(path, header) as w:
-        for row in rows:
-            w.add(**row)
-    return path
-
-
 ROWS = [
     dict(step=0, seq_id=0, pos=5, layer=0, actual=[1, 2], weights=[0.75, 0.25]),
-    dict(step=0, seq_id=0, pos=5, layer=1, actual=[3, 4], weights=[0.5, 0.5], pred=[3, 7, 4],
-         logits=[2.0, 1.5, 1.0], n_read=3),
-    dict(step=1, seq_id=2, pos=6, layer=1, actual=[0, 7], pred=[7, 0, 1], logits=[1.0, 0.0, -1.0], n_read=2,
-         decode=False),
+    dict(
+        step=0,
+        seq_id=0,
+        pos=5,
+        layer=1,
+        actual=[3, 4],
+        weights=[0.5, 0.5],
+        pred=[3, 7, 4],
+        logits=[2.0, 1.5, 1.0],
+        n_read=3,
+    ),
+    dict(
+        step=1, seq_id=2, pos=6, layer=1, actual=[0, 7], pred=[7, 0, 1], logits=[1.0, 0.0, -1.0], n_read=2, decode=False
+    ),
 ]
 
 
 # --- layout ----------------------------------------------------------------------------
 
 
-def doc_header(n_layer=4, n_expert=8, n_used=2, depth=3, version=1, header_size=512, record_size=None,
-               magic=b"OBMPTRC\0", mode=2, margin=0.5, min_read=1, mask_layers=(1, 3, 9)) -> bytes:
+def doc_header(
+    n_layer=4,
+    n_expert=8,
+    n_used=2,
+    depth=3,
+    version=1,
+    header_size=512,
+    record_size=None,
+    magic=b"OBMPTRC\0",
+    mode=2,
+    margin=0.5,
+    min_read=1,
+    mask_layers=(1, 3, 9),
+) -> bytes:
     """A header packed field by field from the table in docs/trace-format.md (not via the reader)."""
     mask = bytearray(64)
-    for l in mask_layers:
-        mask[l // 8] |= 1 << (l % 8)
+    for layer in mask_layers:
+        mask[layer // 8] |= 1 << (layer % 8)
     rs = 20 + 8 * n_used + 8 * depth if record_size is None else record_size
-    head = struct.pack("<8sIIIIIIIIifII", magic, version, header_size, rs, n_layer, n_expert, n_used, depth,
-                       mode, 5, margin, min_read, 0b11)
+    head = struct.pack(
+        "<8sIIIIIIIIifII",
+        magic,
+        version,
+        header_size,
+        rs,
+        n_layer,
+        n_expert,
+        n_used,
+        depth,
+        mode,
+        5,
+        margin,
+        min_read,
+        0b11,
+    )
     out = head + bytes(mask) + b"qwen3moe".ljust(32, b"\0") + b"Some Model".ljust(256, b"\0") + bytes(104)
     assert len(out) == 512
     return out
 
 
 def doc_record(step, seq, pos, layer, n_read, flags, actual, weights, pred, logits) -> bytes:
-    return (struct.pack("<IiiHHHH", step, seq, pos, layer, n_read, flags, 0)
-            + struct.pack(f"<{len(actual)}i{len(weights)}f{len(pred)}i{len(logits)}f",
-                          *actual, *weights, *pred, *logits))
+    return struct.pack("<IiiHHHH", step, seq, pos, layer, n_read, flags, 0) + struct.pack(
+        f"<{len(actual)}i{len(weights)}f{len(pred)}i{len(logits)}f", *actual, *weights, *pred, *logits
+    )
 
 
 def test_reads_the_documented_layout(tmp_path):
     path = tmp_path / "doc.trace"
     path.write_bytes(
         doc_header()
-        + doc_record(3, 1, 42, 1, 2, TRACE_FLAG_PREDICTED | TRACE_FLAG_DECODE, [5, 6], [0.625, 0.375],
-                     [6, 5, 0], [1.5, 1.25, -2.0])
-        + doc_record(3, 1, 42, 2, 0, TRACE_FLAG_DECODE, [7, 0], [0.5, 0.5], [-1, -1, -1], [math.nan] * 3)
+        + doc_record(
+            step=3,
+            seq=1,
+            pos=42,
+            layer=1,
+            n_read=2,
+            flags=TRACE_FLAG_PREDICTED | TRACE_FLAG_DECODE,
+            actual=[5, 6],
+            weights=[0.625, 0.375],
+            pred=[6, 5, 0],
+            logits=[1.5, 1.25, -2.0],
+        )
+        + doc_record(
+            step=3,
+            seq=1,
+            pos=42,
+            layer=2,
+            n_read=0,
+            flags=TRACE_FLAG_DECODE,
+            actual=[7, 0],
+            weights=[0.5, 0.5],
+            pred=[-1, -1, -1],
+            logits=[math.nan] * 3,
+        )
     )
     t = open_trace(path)
     h = t.header
@@ -87,9 +136,9 @@ def test_reads_the_documented_layout(tmp_path):
     assert t.actual(1, 2)[0].tolist() == [[7, 0]]
 
 
-def test_writer_round_trip(tmp_path):
+def test_writer_round_trip(tmp_path, write_trace):
     h = small_header(mode=MODE_BLOCK, margin=0.25, min_read=1, layers={1, 2}, flags=1)
-    t = Trace.open(write(tmp_path / "t", h, ROWS))
+    t = Trace.open(write_trace(tmp_path / "t", h, ROWS))
     assert t.header == h
     assert (tmp_path / "t").stat().st_size == 512 + 3 * h.record_size
     assert h.record_size == 20 + 8 * 2 + 8 * 3 == record_dtype(2, 3).itemsize
@@ -104,15 +153,15 @@ def test_writer_round_trip(tmp_path):
     assert np.isnan(rec["pred_logits"][0]).all()
 
 
-def test_model_name_truncated_to_255_bytes_and_decoded(tmp_path):
+def test_model_name_truncated_to_255_bytes_and_decoded(tmp_path, write_trace):
     long = "Ü" * 200  # 400 bytes of UTF-8: cut at 255, inside a character
-    t = Trace.open(write(tmp_path / "t", small_header(model=long)))
+    t = Trace.open(write_trace(tmp_path / "t", small_header(model=long)))
     assert t.header.model == "Ü" * 127 + "\ufffd"  # 254 bytes, then half a character: replaced
 
 
-def test_iter_chunks_covers_records_in_order(tmp_path):
+def test_iter_chunks_covers_records_in_order(tmp_path, write_trace):
     rows = [dict(step=i, seq_id=0, pos=i, layer=1, actual=[i % 8, (i + 1) % 8]) for i in range(10)]
-    t = Trace.open(write(tmp_path / "t", small_header(), rows))
+    t = Trace.open(write_trace(tmp_path / "t", small_header(), rows))
     chunks = list(t.iter_chunks(4))
     assert [len(c) for c in chunks] == [4, 4, 2]
     assert np.concatenate(chunks)["pos"].tolist() == list(range(10))
@@ -123,16 +172,16 @@ def test_iter_chunks_covers_records_in_order(tmp_path):
 # --- bad input -------------------------------------------------------------------------
 
 
-def test_empty_trace_is_valid(tmp_path):
-    t = Trace.open(write(tmp_path / "t", small_header()))
+def test_empty_trace_is_valid(tmp_path, write_trace):
+    t = Trace.open(write_trace(tmp_path / "t", small_header()))
     assert t.n_records == 0 and t.dropped_bytes == 0
     assert t.records.dtype == t.header.dtype
     assert list(t.iter_chunks()) == []
 
 
-def test_truncated_trace_reads_whole_records_and_warns(tmp_path, caplog):
+def test_truncated_trace_reads_whole_records_and_warns(tmp_path, caplog, write_trace):
     h = small_header()
-    path = write(tmp_path / "t", h, ROWS)
+    path = write_trace(tmp_path / "t", h, ROWS)
     data = path.read_bytes()
     path.write_bytes(data[: 512 + 2 * h.record_size + 17])  # 2 whole records and 17 bytes of the third
     with caplog.at_level(logging.WARNING, logger="onebit_predict.trace"):
@@ -183,10 +232,10 @@ def test_bad_header_raises_trace_error(tmp_path, kw, message):
     assert isinstance(err.value, ValueError)
 
 
-def test_header_to_bytes_does_not_validate(tmp_path):
+def test_header_to_bytes_does_not_validate(tmp_path, write_trace):
     """Tests build bad headers with the writer; the reader is what refuses them."""
     bad = dataclasses.replace(small_header(), record_size=7)
-    path = write(tmp_path / "t", bad)
+    path = write_trace(tmp_path / "t", bad)
     with pytest.raises(TraceError, match="record_size 7"):
         Trace.open(path)
 

@@ -3,7 +3,7 @@
 
 What it measures (issue 5, "Performance"): the wall time and the peak memory of
 
-(a) ``python -m onebit_predict.cli_stats TRACE --json > /dev/null`` -- the real command, and
+(a) ``python -m onebit_predict.commands.stats TRACE --json > /dev/null`` -- the real command, and
 (b) a plain numpy pass over the same file: ``np.memmap`` of the record dtype, iterated in
     the chunk size onebit-stats uses (``TRACE_CHUNK_RECORDS``), summing every field the
     stats touch (step, seq_id, pos, layer, n_read, flags, actual ids and weights, predicted
@@ -12,7 +12,7 @@ What it measures (issue 5, "Performance"): the wall time and the peak memory of
     engine onebit-stats used before its compiled kernel, for comparison (not judged).
 
 onebit-stats scores with a C kernel that is compiled once and cached
-(``onebit_predict/stats_kernel.py``); the benchmark builds (or finds) it before the first
+(``onebit_predict/metrics/stats_kernel.py``); the benchmark builds (or finds) it before the first
 round, so that every measured run loads the cached module, as every run after the first
 does. What that took is reported (``kernel_build_s``).
 
@@ -90,11 +90,17 @@ from pathlib import Path
 import numpy as np
 
 from onebit_predict.constants import (
-    EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, MODE_ROUTER, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE,
-    TRACE_FLAG_PREDICTED, TRACE_HEADER_SIZE,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    MODE_ROUTER,
+    TRACE_CHUNK_RECORDS,
+    TRACE_FLAG_DECODE,
+    TRACE_FLAG_PREDICTED,
+    TRACE_HEADER_SIZE,
 )
+from onebit_predict.metrics.stats_kernel import StatsKernelError, load_kernel
 from onebit_predict.policy import n_read_rows
-from onebit_predict.stats_kernel import StatsKernelError, load_kernel
 from onebit_predict.trace import TraceHeader
 
 MIB = 1 << 20
@@ -120,8 +126,14 @@ assert len(PRED_OFFSETS) == DEPTH and len(set(PRED_OFFSETS.tolist())) == DEPTH
 
 def synth_header(seed: int) -> TraceHeader:
     return TraceHeader.build(
-        n_layer=N_LAYER, n_expert=N_EXPERT, n_expert_used=N_USED, depth=DEPTH, mode=MODE_ROUTER,
-        margin=MARGIN, arch="qwen3moe", model=f"onebit bench_stats synthetic trace (seed {seed})",
+        n_layer=N_LAYER,
+        n_expert=N_EXPERT,
+        n_expert_used=N_USED,
+        depth=DEPTH,
+        mode=MODE_ROUTER,
+        margin=MARGIN,
+        arch="qwen3moe",
+        model=f"onebit bench_stats synthetic trace (seed {seed})",
     )
 
 
@@ -160,12 +172,12 @@ def iter_steps(seed: int) -> Iterator[Step]:
                 pos[s] += 1
                 left[s] -= 1
         for s in prompts:
-                n = int(rng.integers(*PROMPT))
-                seq += [s] * n
-                p += range(n)
-                dec += [False] * n
-                out += [False] * (n - 1) + [True]
-                pos[s], left[s] = n, int(rng.integers(*GENERATE))
+            n = int(rng.integers(*PROMPT))
+            seq += [s] * n
+            p += range(n)
+            dec += [False] * n
+            out += [False] * (n - 1) + [True]
+            pos[s], left[s] = n, int(rng.integers(*GENERATE))
         yield Step(np.array(seq, np.int32), np.array(p, np.int32), np.array(dec), np.array(out), prompts)
 
 
@@ -214,8 +226,12 @@ class _Content:
         keep = (layer < N_LAYER - 1) | st.output[row]
         layer, row = layer[keep], row[keep]
         return {
-            "step": np.full(len(row), step_no, np.int64), "seq_id": st.seq_id[row], "pos": st.pos[row],
-            "layer": layer, "decode": st.decode[row], "win": win[row, layer] % N_EXPERT,
+            "step": np.full(len(row), step_no, np.int64),
+            "seq_id": st.seq_id[row],
+            "pos": st.pos[row],
+            "layer": layer,
+            "decode": st.decode[row],
+            "win": win[row, layer] % N_EXPERT,
         }
 
     def records(self, meta: dict[str, np.ndarray]) -> np.ndarray:
@@ -237,7 +253,7 @@ class _Content:
         shift = rng.choice(PRED_SHIFT, size=m, p=PRED_SHIFT_P) + np.where(rng.random(m) < PRED_MISS, N_EXPERT // 2, 0)
         pslots = (win[pred][:, None] + shift[:, None] + PRED_OFFSETS[None, :]) % N_EXPERT
         gaps = 0.01 + rng.exponential(0.25, size=(m, DEPTH - 1))  # >= 0.01: strictly descending in binary32
-        logits = (rng.normal(2.0, 1.0, size=(m, 1)) - np.concatenate([np.zeros((m, 1)), np.cumsum(gaps, axis=1)], axis=1))
+        logits = rng.normal(2.0, 1.0, size=(m, 1)) - np.concatenate([np.zeros((m, 1)), np.cumsum(gaps, axis=1)], axis=1)
         logits = logits.astype(np.float32)
         assert (np.diff(logits, axis=1) < 0).all()
         rec["pred_ids"] = -1
@@ -306,7 +322,7 @@ print(n, isum, fsum)
 # (c): the numpy engine of onebit-stats, on the same trace: argv = TRACE
 NUMPY_ENGINE_SRC = r"""
 import sys
-from onebit_predict.stats import compute_stats
+from onebit_predict.metrics.stats import compute_stats
 from onebit_predict.trace import Trace
 compute_stats(Trace.open(sys.argv[1]), engine="numpy")
 """
@@ -374,8 +390,13 @@ class Measurement:
 def measure(cmd: Sequence[str]) -> Measurement:
     """Run ``cmd`` (stdout to /dev/null) in a fresh launcher; raise RuntimeError if it fails."""
     with tempfile.TemporaryFile() as err:
-        p = subprocess.run([sys.executable, "-I", "-S", "-c", LAUNCHER_SRC, *cmd],
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, check=False)
+        p = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", LAUNCHER_SRC, *cmd],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            check=False,
+        )
         err.seek(0)
         tail = err.read().decode(errors="replace")[-2000:]
     try:
@@ -419,8 +440,14 @@ def machine() -> dict[str, object]:
                 mem = round(int(line.split()[1]) / MIB, 1)  # kB -> GiB
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "mem_total_gib": mem, "python": platform.python_version(),
-            "numpy": np.__version__, "platform": platform.platform()}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "mem_total_gib": mem,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "platform": platform.platform(),
+    }
 
 
 def _loadavg() -> list[float] | None:
@@ -432,20 +459,28 @@ def _loadavg() -> list[float] | None:
 
 # --- the command -------------------------------------------------------------------------
 
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="bench_stats.py", description=__doc__.splitlines()[0],
+        prog="bench_stats.py",
+        description=__doc__.splitlines()[0],
         epilog="exit codes: 0 goals hold, 1 a goal missed or a measured command failed, 2 usage error",
     )
     p.add_argument("--size-mib", type=float, default=1024.0, help="synthetic trace size in MiB (default 1024)")
     p.add_argument("--trace", type=Path, help="trace path (default: a temporary directory)")
-    p.add_argument("--keep", action="store_true",
-                   help="keep the trace afterwards, and reuse an existing one whose size (and seed) match")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the trace afterwards, and reuse an existing one whose size (and seed) match",
+    )
     p.add_argument("--rounds", type=int, default=3, help="rounds, each measuring both passes (default 3)")
     p.add_argument("--seed", type=int, default=0, help="RNG seed of the synthetic trace (default 0)")
     p.add_argument("--json", action="store_true", help="write the report as JSON to stdout instead of Markdown")
-    p.add_argument("--with-numpy-engine", action="store_true",
-                   help="also measure compute_stats(engine='numpy'), as (c) (slow: several times (a))")
+    p.add_argument(
+        "--with-numpy-engine",
+        action="store_true",
+        help="also measure compute_stats(engine='numpy'), as (c) (slow: several times (a))",
+    )
     return p
 
 
@@ -453,7 +488,8 @@ def _row(name: str, cmd: list[str], ms: list[Measurement]) -> dict[str, object]:
     anon = [m.anon_mib for m in ms if m.anon_mib is not None]
     files = [m.file_mib for m in ms if m.file_mib is not None]
     return {
-        "name": name, "command": cmd,
+        "name": name,
+        "command": cmd,
         "wall_s": [round(m.wall_s, 4) for m in ms],
         "median_wall_s": round(statistics.median(m.wall_s for m in ms), 4),
         "min_wall_s": round(min(m.wall_s for m in ms), 4),
@@ -474,7 +510,8 @@ def _markdown(report: dict) -> str:
     lines = [
         f"trace: {t['path']} ({t['bytes'] / MIB:.1f} MiB, {t['records']} records, {t['steps']} steps, "
         f"{how}, seed {t['seed']})",
-        f"machine: {mc['nproc']} CPUs, {mc['cpu']}, {mc['mem_total_gib']} GiB; Python {mc['python']}, numpy {mc['numpy']}",
+        f"machine: {mc['nproc']} CPUs, {mc['cpu']}, {mc['mem_total_gib']} GiB; "
+        f"Python {mc['python']}, numpy {mc['numpy']}",
         f"load average (1, 5, 15 min): before {report['load_before']}, after {report['load_after']}",
         f"rounds: {report['rounds']}, each a fresh process per pass, order alternating; "
         f"the stats kernel built or found in the cache beforehand in {report['kernel_build_s']:.2f} s",
@@ -490,11 +527,13 @@ def _markdown(report: dict) -> str:
     for r in report["rows"]:
         lines.append(
             f"| {r['name']} | {r['median_wall_s']:.2f} | {r['min_wall_s']:.2f}-{r['max_wall_s']:.2f} "
-            f"| {r['median_cpu_s']:.2f} | {r['peak_rss_mib']:.1f} | {f(r['peak_anon_mib_sampled'])} | {f(r['peak_file_mib_sampled'])} |"
+            f"| {r['median_cpu_s']:.2f} | {r['peak_rss_mib']:.1f} | {f(r['peak_anon_mib_sampled'])} "
+            f"| {f(r['peak_file_mib_sampled'])} |"
         )
     lines += [
         "",
-        f"ratio (a)/(b), median wall: {report['ratio']:.2f} (goal <= {g['ratio_max']:g}: {'ok' if g['ratio_ok'] else 'MISSED'})",
+        f"ratio (a)/(b), median wall: {report['ratio']:.2f} "
+        f"(goal <= {g['ratio_max']:g}: {'ok' if g['ratio_ok'] else 'MISSED'})",
         f"peak RSS of (a): {report['rows'][0]['peak_rss_mib']:.1f} MiB "
         f"(goal < {g['peak_rss_max_mib']:g} MiB: {'ok' if g['rss_ok'] else 'MISSED'}); "
         f"the launcher's RSS when it forks, the floor of that number: {f(report['rows'][0]['launcher_rss_mib'])} MiB",
@@ -502,8 +541,11 @@ def _markdown(report: dict) -> str:
         "(a) " + " ".join(report["rows"][0]["command"]) + " > /dev/null",
         "(b) python -c BASELINE_SRC TRACE CHUNK: np.memmap of the record dtype, summing every field per chunk "
         f"of {report['chunk_records']} records",
-        *(["(c) python -c NUMPY_ENGINE_SRC TRACE: compute_stats(trace, engine='numpy')"]
-          if len(report["rows"]) > 2 else []),
+        *(
+            ["(c) python -c NUMPY_ENGINE_SRC TRACE: compute_stats(trace, engine='numpy')"]
+            if len(report["rows"]) > 2
+            else []
+        ),
         "",
         "note: " + report["note"],
     ]
@@ -518,53 +560,66 @@ NOTE = (
 )
 
 
+def _args_problem(args: argparse.Namespace) -> str | None:
+    """Why the arguments cannot be run, or None."""
+    if not (math.isfinite(args.size_mib) and args.size_mib > 0):
+        return f"--size-mib must be a positive number, not {args.size_mib:g}"
+    if args.rounds < 1:
+        return "--rounds must be >= 1"
+    if args.seed < 0:
+        return "--seed must be >= 0"
+    n_steps, _ = plan(int(args.size_mib * MIB), args.seed)
+    if n_steps < MIN_STEPS:
+        return (
+            f"--size-mib {args.size_mib:g} holds {n_steps} whole ubatches of the synthetic "
+            f"schedule; give at least {MIN_STEPS} (try 4 MiB or more)"
+        )
+    return None
+
+
+def _trace_path(args: argparse.Namespace) -> tuple[tempfile.TemporaryDirectory | None, Path]:
+    """(the temporary directory to clean up or None, the trace's path)."""
+    if args.trace is not None:
+        return None, args.trace
+    if args.keep:
+        return None, Path(tempfile.gettempdir()) / f"onebit-bench-stats-{args.size_mib:g}MiB-seed{args.seed}.trace"
+    tmp = tempfile.TemporaryDirectory(prefix="onebit-bench-stats-")
+    return tmp, Path(tmp.name) / "synthetic.trace"
+
+
+def _path_problem(args: argparse.Namespace, path: Path, seed_header: TraceHeader) -> str | None:
+    """Why the trace path cannot be written or reused, or None."""
+    if not path.parent.is_dir():
+        return f"{path.parent} is not a directory"
+    if not path.exists():
+        return None
+    if not args.keep:
+        return f"{path} exists; pass --keep to reuse it, or choose another --trace"
+    with path.open("rb") as fh:
+        if fh.read(TRACE_HEADER_SIZE) != seed_header.to_bytes():
+            return f"{path} is not a synthetic trace of seed {args.seed}; refusing to overwrite it"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
     except SystemExit as e:
         return EXIT_OK if e.code in (0, None) else EXIT_USAGE
-    if not (math.isfinite(args.size_mib) and args.size_mib > 0):
-        print(f"bench_stats: --size-mib must be a positive number, not {args.size_mib:g}", file=sys.stderr)
+    problem = _args_problem(args)
+    if problem:
+        print(f"bench_stats: {problem}", file=sys.stderr)
         return EXIT_USAGE
     size = int(args.size_mib * MIB)
     seed_header = synth_header(args.seed)
-    if args.rounds < 1:
-        print("bench_stats: --rounds must be >= 1", file=sys.stderr)
-        return EXIT_USAGE
-    if args.seed < 0:
-        print("bench_stats: --seed must be >= 0", file=sys.stderr)
-        return EXIT_USAGE
     n_steps, n_records = plan(size, args.seed)
-    if n_steps < MIN_STEPS:
-        print(f"bench_stats: --size-mib {args.size_mib:g} holds {n_steps} whole ubatches of the synthetic "
-              f"schedule; give at least {MIN_STEPS} (try 4 MiB or more)", file=sys.stderr)
-        return EXIT_USAGE
-
-    tmp = None
-    if args.trace is None:
-        if args.keep:
-            path = Path(tempfile.gettempdir()) / f"onebit-bench-stats-{args.size_mib:g}MiB-seed{args.seed}.trace"
-        else:
-            tmp = tempfile.TemporaryDirectory(prefix="onebit-bench-stats-")
-            path = Path(tmp.name) / "synthetic.trace"
-    else:
-        path = args.trace
-        if not path.parent.is_dir():
-            print(f"bench_stats: {path.parent} is not a directory", file=sys.stderr)
-            return EXIT_USAGE
     want = TRACE_HEADER_SIZE + n_records * seed_header.record_size
-    reuse = False
-    if path.exists():
-        with path.open("rb") as fh:
-            ours = fh.read(TRACE_HEADER_SIZE) == seed_header.to_bytes()
-        if not args.keep:
-            print(f"bench_stats: {path} exists; pass --keep to reuse it, or choose another --trace", file=sys.stderr)
-            return EXIT_USAGE
-        if not ours:
-            print(f"bench_stats: {path} is not a synthetic trace of seed {args.seed}; refusing to overwrite it",
-                  file=sys.stderr)
-            return EXIT_USAGE
-        reuse = path.stat().st_size == want
+    tmp, path = _trace_path(args)
+    problem = _path_problem(args, path, seed_header)
+    if problem:
+        print(f"bench_stats: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    reuse = path.exists() and path.stat().st_size == want
 
     try:
         load_before = _loadavg()
@@ -588,7 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         kernel_build_s = time.perf_counter() - t0
 
         cmds = {
-            "(a) onebit-stats --json": [sys.executable, "-m", "onebit_predict.cli_stats", str(path), "--json"],
+            "(a) onebit-stats --json": [sys.executable, "-m", "onebit_predict.commands.stats", str(path), "--json"],
             "(b) numpy memmap pass": [sys.executable, "-c", BASELINE_SRC, str(path), str(TRACE_CHUNK_RECORDS)],
         }
         shown = {  # the commands as reported: the inline sources by name
@@ -614,23 +669,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         ratio = rows[0]["median_wall_s"] / rows[1]["median_wall_s"]
         ratio_ok, rss_ok = ratio <= GOAL_RATIO, rows[0]["peak_rss_mib"] < GOAL_PEAK_MIB
         report = {
-            "trace": {"path": str(path), "bytes": want, "records": n_records, "steps": n_steps, "seed": args.seed,
-                      "reused": reuse, "write_s": round(write_s, 2), "kept": args.keep},
-            "rounds": args.rounds, "chunk_records": TRACE_CHUNK_RECORDS, "kernel_build_s": round(kernel_build_s, 3),
+            "trace": {
+                "path": str(path),
+                "bytes": want,
+                "records": n_records,
+                "steps": n_steps,
+                "seed": args.seed,
+                "reused": reuse,
+                "write_s": round(write_s, 2),
+                "kept": args.keep,
+            },
+            "rounds": args.rounds,
+            "chunk_records": TRACE_CHUNK_RECORDS,
+            "kernel_build_s": round(kernel_build_s, 3),
             "rows": rows,
             "ratio": round(ratio, 3),
-            "goals": {"ratio_max": GOAL_RATIO, "peak_rss_max_mib": GOAL_PEAK_MIB,
-                      "ratio_ok": ratio_ok, "rss_ok": rss_ok, "ok": ratio_ok and rss_ok},
-            "machine": machine(), "load_before": load_before, "load_after": load_after,
-            "baseline_src": BASELINE_SRC, "note": NOTE,
+            "goals": {
+                "ratio_max": GOAL_RATIO,
+                "peak_rss_max_mib": GOAL_PEAK_MIB,
+                "ratio_ok": ratio_ok,
+                "rss_ok": rss_ok,
+                "ok": ratio_ok and rss_ok,
+            },
+            "machine": machine(),
+            "load_before": load_before,
+            "load_after": load_after,
+            "baseline_src": BASELINE_SRC,
+            "note": NOTE,
         }
         print(json.dumps(report, indent=2) if args.json else _markdown(report))
         if not ratio_ok:
-            print(f"bench_stats: goal missed: onebit-stats takes {ratio:.2f}x the numpy pass (goal <= {GOAL_RATIO:g}x)",
-                  file=sys.stderr)
+            print(
+                f"bench_stats: goal missed: onebit-stats takes {ratio:.2f}x the numpy pass (goal <= {GOAL_RATIO:g}x)",
+                file=sys.stderr,
+            )
         if not rss_ok:
-            print(f"bench_stats: goal missed: onebit-stats peak RSS {rows[0]['peak_rss_mib']:.1f} MiB "
-                  f"(goal < {GOAL_PEAK_MIB:g} MiB)", file=sys.stderr)
+            print(
+                f"bench_stats: goal missed: onebit-stats peak RSS {rows[0]['peak_rss_mib']:.1f} MiB "
+                f"(goal < {GOAL_PEAK_MIB:g} MiB)",
+                file=sys.stderr,
+            )
         return EXIT_OK if ratio_ok and rss_ok else EXIT_CHECK_FAILED
     finally:
         if not args.keep:

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""The hit-rate figures the README publishes, reproduced by one command.
+"""The hit-rate figures docs/results.md publishes, reproduced by one command.
 
 For a trained model: traces of router and block at ``_DEPTH`` = n_expert_used, 2 x and
-4 x n_expert_used (clamped to n_expert, as llama.cpp does), on the held-out text (models/heldout.txt, never trained on: four
-256-byte snippets, each run as its own sequence inside the models' 256-token training
-context), fed to the model as bytes: the first 16 bytes of a snippet prefilled, every
-later byte decoded as its own step so that every scored row routes real text. Prints a Markdown table from ``onebit-stats --json``
-(totals over the predicted layers, decode rows): read recall, slot recall@n_used and
-@depth, exact match, precision, next to the previous-token baseline.
+4 x n_expert_used (clamped to n_expert, as llama.cpp does), on the held-out text
+(models/heldout.txt, never trained on: four 256-byte snippets, each run as its own sequence
+inside the models' 256-token training context), fed to the model as bytes: the first 16
+bytes of a snippet prefilled, every later byte decoded as its own step so that every scored
+row routes real text. Prints a Markdown table from ``onebit-stats --json`` (totals over the
+predicted layers, decode rows): read recall, slot recall@n_used and @depth, exact match,
+precision, next to the previous-token baseline.
 
     python tools/published_figures.py models/qwen3moe-tiny.gguf
 """
@@ -37,15 +38,39 @@ def n_expert_used(model: Path) -> int:
 
 
 def trace(model: Path, mode: str, depth: int, out: Path) -> None:
-    cmd = [sys.executable, "-m", "onebit_predict.cli_trace", str(model), "--mode", mode, "--depth", str(depth),
-           "--out", str(out), "--prompt-file", str(HELDOUT), "--bytes", "--window", str(WINDOW),
-           "--prefill", str(PREFILL), "--generate", "0", "--ctx", str(WINDOW)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "onebit_predict.commands.trace",
+        str(model),
+        "--mode",
+        mode,
+        "--depth",
+        str(depth),
+        "--out",
+        str(out),
+        "--prompt-file",
+        str(HELDOUT),
+        "--bytes",
+        "--window",
+        str(WINDOW),
+        "--prefill",
+        str(PREFILL),
+        "--generate",
+        "0",
+        "--ctx",
+        str(WINDOW),
+    ]
     subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
 
 
 def totals(path: Path) -> tuple[dict, dict]:
-    out = subprocess.run([sys.executable, "-m", "onebit_predict.cli_stats", str(path), "--json"], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "onebit_predict.commands.stats", str(path), "--json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     report = json.loads(out)["traces"][0]
     return report["header"], report["total"]
 
@@ -67,15 +92,21 @@ def main() -> int:
                 trace(args.model, mode, depth_factor * n_used, path)
                 header, t = totals(path)
                 rows.append((mode, header["depth"], t))
-    print(f"model {args.model.name}, held-out text {HELDOUT.name} ({HELDOUT.stat().st_size} bytes), "
-          f"{rows[0][2]['tokens']} scored rows (decode rows of the predicted layers)\n")
-    print("| mode | depth | read recall | slot recall@n_used | slot recall@depth | exact match | precision "
-          "| previous-token baseline |")
+    print(
+        f"model {args.model.name}, held-out text {HELDOUT.name} ({HELDOUT.stat().st_size} bytes), "
+        f"{rows[0][2]['tokens']} scored rows (decode rows of the predicted layers)\n"
+    )
+    print(
+        "| mode | depth | read recall | slot recall@n_used | slot recall@depth | exact match | precision "
+        "| previous-token baseline |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for mode, depth, t in rows:
-        print(f"| {mode} | {depth} | {pct(t['read_recall'])} | {pct(t['slot_recall_used'])} | "
-              f"{pct(t['slot_recall_depth'])} | {pct(t['exact_match'])} | {pct(t['precision'])} | "
-              f"{pct(t['baseline_recall'])} |")
+        print(
+            f"| {mode} | {depth} | {pct(t['read_recall'])} | {pct(t['slot_recall_used'])} | "
+            f"{pct(t['slot_recall_depth'])} | {pct(t['exact_match'])} | {pct(t['precision'])} | "
+            f"{pct(t['baseline_recall'])} |"
+        )
     return 0
 
 

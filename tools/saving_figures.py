@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's "what the predictor would save" figures, reproduced by one command.
+"""The "what the predictor would save" figures of docs/results.md, reproduced by one command.
 
 For a trained model: router and block traces at ``_DEPTH`` = n_expert_used on the
 held-out text, the token stream of tools/published_figures.py (the same traces as its
@@ -37,7 +37,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # gate and up Q4_K; down Q6_K on the "use_more_bits" layers, Q4_K on the others.
 HIDDEN, MOE_FFN, N_LAYER_30B = 2048, 768, 48
 Q4_K_BYTES_PER_256, Q6_K_BYTES_PER_256 = 144, 210  # ggml block sizes (256 weights a block)
-LAYER_MS = 0.7  # see the README: ~35 MB of weights a layer touches per token at ~50 GB/s of RAM
+LAYER_MS = 0.7  # see docs/results.md: ~35 MB of weights a layer touches per token at ~50 GB/s of RAM
 BANDWIDTHS = "3GB/s,7GB/s"
 
 
@@ -62,16 +62,35 @@ def _published_figures():
 
 
 def stats(*args: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "onebit_predict.cli_stats", *args, "--json"],
-                          capture_output=True, text=True, cwd=REPO_ROOT)
+    done = subprocess.run(
+        [sys.executable, "-m", "onebit_predict.commands.stats", *args, "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+    )
     if done.returncode != 0:  # 1: inconsistent traces or routing that differs; 2: bad input
         sys.exit(f"onebit-stats {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
     return json.loads(done.stdout)
 
 
 def bench(model: Path, out: Path) -> Path:
-    cmd = [sys.executable, "-m", "onebit_predict.bench", str(model), "--rounds", "5", "--prompt", "64",
-           "--generate", "128", "--threads", "1", "--layers", "1-3", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "onebit_predict.commands.bench",
+        str(model),
+        "--rounds",
+        "5",
+        "--prompt",
+        "64",
+        "--generate",
+        "128",
+        "--threads",
+        "1",
+        "--layers",
+        "1-3",
+        "--json",
+    ]
     out.write_text(subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO_ROOT).stdout)
     return out
 
@@ -85,9 +104,12 @@ def main() -> int:
     p.add_argument("model", type=Path)
     cost = p.add_mutually_exclusive_group()
     cost.add_argument("--bench-json", type=Path, help="onebit-bench --json of MODEL (default: run it, 5 rounds)")
-    cost.add_argument("--cost-pct", metavar="router=P,block=P",
-                      help="the predictors' costs in %% of a token's compute, e.g. from the README's onebit-bench "
-                           "table: (1 / 'vs patched off' - 1) * 100")
+    cost.add_argument(
+        "--cost-pct",
+        metavar="router=P,block=P",
+        help="the predictors' costs in %% of a token's compute, e.g. from docs/results.md's onebit-bench "
+        "table: (1 / 'vs patched off' - 1) * 100",
+    )
     args = p.parse_args()
     pf = _published_figures()
     n_used = pf.n_expert_used(args.model)
@@ -109,34 +131,52 @@ def main() -> int:
         slots = [n_expert // 4, n_expert // 2, 3 * n_expert // 4]
         slot_list = ",".join(map(str, slots))
 
-        print(f"model {args.model.name}: {n_expert} experts, top-{n_used}; decode tokens of the held-out text; "
-              f"totals over every layer\n")
+        print(
+            f"model {args.model.name}: {n_expert} experts, top-{n_used}; decode tokens of the held-out text; "
+            f"totals over every layer\n"
+        )
         print("| cache | prediction | " + " | ".join(f"{s} slots" for s in slots) + " |")
         print("|---|---|" + "---:|" * len(slots))
-        rows = [("LRU", "none", "router", "lru", "none"), ("LFRU", "none", "router", "lfru", "none"),
-                ("Belady", "none", "router", "belady", "none"),
-                ("LRU", "router, prefetched (charged)", "router", "lru", "trace"),
-                ("LRU", "block, prefetched (charged)", "block", "lru", "trace"),
-                ("LRU", "block, protected (free)", "block", "lru", "protect"),
-                ("Belady", "block, prefetched (charged)", "block", "belady", "trace")]
+        rows = [
+            ("LRU", "none", "router", "lru", "none"),
+            ("LFRU", "none", "router", "lfru", "none"),
+            ("Belady", "none", "router", "belady", "none"),
+            ("LRU", "router, prefetched (charged)", "router", "lru", "trace"),
+            ("LRU", "block, prefetched (charged)", "block", "lru", "trace"),
+            ("LRU", "block, protected (free)", "block", "lru", "protect"),
+            ("Belady", "block, prefetched (charged)", "block", "belady", "trace"),
+        ]
         for cache, what, mode, policy, prefetch in rows:
             res = stats("replay", str(traces[mode]), "--slots", slot_list, "--policy", policy, "--prefetch", prefetch)
             cells = [f"{pct(r['total']['hit_rate'])} ({r['total']['reads_per_token']:.2f})" for r in res["results"]]
             print(f"| {cache} | {what} | " + " | ".join(cells) + " |")
         print("\ncells: hit rate % (expert reads per token)\n")
 
-        print(f"simulate: {BANDWIDTHS}, expert {expert_bytes:.0f} bytes (Qwen3-30B-A3B Q4_K_M mean: "
-              f"{q4_down} with a Q4_K down, {q6_down} with a Q6_K down), {LAYER_MS} ms a layer, "
-              f"predictor costs ({'given' if args.cost_pct else 'onebit-bench'}): "
-              f"router {costs.get('router', 0):.1f} %, "
-              f"block {costs.get('block', 0):.1f} % of a token's compute\n")
+        print(
+            f"simulate: {BANDWIDTHS}, expert {expert_bytes:.0f} bytes (Qwen3-30B-A3B Q4_K_M mean: "
+            f"{q4_down} with a Q4_K down, {q6_down} with a Q6_K down), {LAYER_MS} ms a layer, "
+            f"predictor costs ({'given' if args.cost_pct else 'onebit-bench'}): "
+            f"router {costs.get('router', 0):.1f} %, "
+            f"block {costs.get('block', 0):.1f} % of a token's compute\n"
+        )
         runs = {}
         slot_counts = (n_used, n_expert // 2)
         for s in slot_counts:
             for mode in ("router", "block"):
-                res = stats("simulate", str(traces[mode]), "--expert-bytes", f"{expert_bytes:.0f}", "--bandwidth",
-                            BANDWIDTHS, "--layer-ms", str(LAYER_MS), "--slots", str(s),
-                            "--predictor-cost-pct", f"{costs.get(mode, 0):.2f}")
+                res = stats(
+                    "simulate",
+                    str(traces[mode]),
+                    "--expert-bytes",
+                    f"{expert_bytes:.0f}",
+                    "--bandwidth",
+                    BANDWIDTHS,
+                    "--layer-ms",
+                    str(LAYER_MS),
+                    "--slots",
+                    str(s),
+                    "--predictor-cost-pct",
+                    f"{costs.get(mode, 0):.2f}",
+                )
                 for r in res["runs"]:
                     if r["predictor"] == mode or mode == "router":
                         runs[(r["bandwidth"], s, r["predictor"])] = r
@@ -149,15 +189,23 @@ def main() -> int:
 
         line("none: tok/s", lambda bw, s: f"{runs[(bw, s, 'none')]['tok_s']:.1f}")
         for name in ("previous-token", "router", "block", "oracle"):
-            line(f"{name}: tok/s (speedup)",
-                 lambda bw, s, n=name: f"{runs[(bw, s, n)]['tok_s']:.1f} ({runs[(bw, s, n)]['speedup']:.2f}x)")
+            line(
+                f"{name}: tok/s (speedup)",
+                lambda bw, s, n=name: f"{runs[(bw, s, n)]['tok_s']:.1f} ({runs[(bw, s, n)]['speedup']:.2f}x)",
+            )
         for name in ("router", "block"):
-            line(f"{name}: spent / saved %",
-                 lambda bw, s, n=name: f"{runs[(bw, s, n)]['spent_pct']:.1f} / {runs[(bw, s, n)]['saved_pct']:.1f}")
+            line(
+                f"{name}: spent / saved %",
+                lambda bw, s, n=name: f"{runs[(bw, s, n)]['spent_pct']:.1f} / {runs[(bw, s, n)]['saved_pct']:.1f}",
+            )
         for name in ("none", "router", "block", "oracle"):
-            line(f"{name}: MB read (wasted) per token", lambda bw, s, n=name: (
-                f"{runs[(bw, s, n)]['bytes_read_per_token'] / 1e6:.1f} "
-                f"({runs[(bw, s, n)]['bytes_wasted_per_token'] / 1e6:.1f})"))
+            line(
+                f"{name}: MB read (wasted) per token",
+                lambda bw, s, n=name: (
+                    f"{runs[(bw, s, n)]['bytes_read_per_token'] / 1e6:.1f} "
+                    f"({runs[(bw, s, n)]['bytes_wasted_per_token'] / 1e6:.1f})"
+                ),
+            )
         for name in ("none", "router", "block", "oracle"):
             line(f"{name}: stall ms per token", lambda bw, s, n=name: f"{runs[(bw, s, n)]['stall_ms_per_token']:.2f}")
     return 0

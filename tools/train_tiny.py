@@ -52,15 +52,16 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-EOD = 256          # end-of-file token between corpus files
-VOCAB = 257        # 256 byte values + EOD
-VAL_MODULUS = 20   # a file is in validation when sha1(relpath) % 20 == 0 (about 5 %)
+EOD = 256  # end-of-file token between corpus files
+VOCAB = 257  # 256 byte values + EOD
+VAL_MODULUS = 20  # a file is in validation when sha1(relpath) % 20 == 0 (about 5 %)
 # top-level stdlib directories left out: third-party packages, the test suite (mostly
 # generated data and very repetitive), and a few directories of GUI/demo code
 EXCLUDED_TOP = ("site-packages", "dist-packages", "test", "idlelib", "lib2to3", "turtledemo", "tkinter")
 
 
 # --- corpus ------------------------------------------------------------------------------
+
 
 def corpus_files(root: Path | None = None) -> list[tuple[str, Path]]:
     """(relative path, path) of every stdlib ``*.py`` in the corpus, sorted by relative path."""
@@ -120,51 +121,106 @@ def val_windows(val, ctx: int, n: int):
     import torch
 
     step = (len(val) - ctx - 1) // n
-    return torch.stack([val[i * step: i * step + ctx + 1] for i in range(n)]).long()
+    return torch.stack([val[i * step : i * step + ctx + 1] for i in range(n)]).long()
 
 
 # --- model configurations ----------------------------------------------------------------
+
 
 def build_config(arch: str, ctx: int):
     """The transformers config of the tiny model for ``arch``."""
     import transformers as tf
 
-    common = dict(vocab_size=VOCAB, max_position_embeddings=ctx, rms_norm_eps=1e-6,
-                  tie_word_embeddings=False, eos_token_id=EOD, bos_token_id=None, pad_token_id=None,
-                  initializer_range=0.02, output_router_logits=True, router_aux_loss_coef=0.01)
+    common = dict(
+        vocab_size=VOCAB,
+        max_position_embeddings=ctx,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        eos_token_id=EOD,
+        bos_token_id=None,
+        pad_token_id=None,
+        initializer_range=0.02,
+        output_router_logits=True,
+        router_aux_loss_coef=0.01,
+    )
     if arch == "qwen3moe":
         return tf.Qwen3MoeConfig(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            moe_intermediate_size=64, num_experts=16, num_experts_per_tok=4, norm_topk_prob=True,
-            decoder_sparse_step=1, mlp_only_layers=[], **common)
+            moe_intermediate_size=64,
+            num_experts=16,
+            num_experts_per_tok=4,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            **common,
+        )
     if arch == "olmoe":
         return tf.OlmoeConfig(
-            hidden_size=64, intermediate_size=64, num_hidden_layers=8,
-            num_attention_heads=4, num_key_value_heads=4,
+            hidden_size=64,
+            intermediate_size=64,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=4,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            num_experts=16, num_experts_per_tok=2, norm_topk_prob=False, **common)
+            num_experts=16,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,
+            **common,
+        )
     if arch == "qwen4exp":
         # 8 layers: Gated DeltaNet on 3 of 4, QSA-indexed full attention on layers 3 and 7;
         # 4 hyper-connection streams; PLE (hashed 2- and 3-gram embeddings) on layer 2 (1-based), a
         # DeltaNet layer; a shared expert next to the 16 routed ones
         return tf.Qwen4ExpTextConfig(
-            hidden_size=64, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
-                             "mrope_section": [2, 1, 1], "mrope_interleaved": True},
-            linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-            linear_num_key_heads=2, linear_num_value_heads=4,
-            moe_intermediate_size=64, shared_expert_intermediate_size=64,
-            num_experts=16, num_experts_per_tok=2, norm_topk_prob=True,
+            hidden_size=64,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+            },
+            linear_conv_kernel_dim=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            num_experts=16,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
             layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(8)],
-            hc_count=4, hc_lowrank=32,
-            ple_layer_ids=[2], ple_embed_dim=64, ple_conv_kernel_size=4, ngram_size=3, heads_per_ngram=2,
-            ngram_vocab_size_base=1009, make_ngram_vocab_size_divisible_by=16, split_ngram_parts=1, seed=1234,
-            indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=256, indexer_compress_ratio=4,
+            hc_count=4,
+            hc_lowrank=32,
+            ple_layer_ids=[2],
+            ple_embed_dim=64,
+            ple_conv_kernel_size=4,
+            ngram_size=3,
+            heads_per_ngram=2,
+            ngram_vocab_size_base=1009,
+            make_ngram_vocab_size_divisible_by=16,
+            split_ngram_parts=1,
+            seed=1234,
+            indexer_n_heads=2,
+            indexer_kv_heads=1,
+            indexer_head_dim=16,
+            indexer_budget=256,
+            indexer_compress_ratio=4,
             # llama.cpp's qwen4exp graph always gates the DeltaNet output with a sigmoid (build_norm_gated)
             output_gate_type="sigmoid",
-            **common)
+            **common,
+        )
     raise SystemExit(f"train_tiny: unknown --arch {arch}")
 
 
@@ -210,6 +266,7 @@ def build_model(arch: str, ctx: int):
 
 # --- training ----------------------------------------------------------------------------
 
+
 def setup_torch(threads: int, seed: int) -> None:
     import torch
 
@@ -225,11 +282,12 @@ def evaluate(model, windows, batch: int = 16) -> float:
     total, count = 0.0, 0
     with torch.no_grad():
         for i in range(0, len(windows), batch):
-            w = windows[i:i + batch]
+            w = windows[i : i + batch]
             out = model(input_ids=w[:, :-1], output_router_logits=False, use_cache=False)
             logits = out.logits.float()
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1),
-                                                     reduction="sum")
+            loss = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum"
+            )
             total += loss.item()
             count += w[:, 1:].numel()
     model.train()
@@ -244,7 +302,7 @@ def expert_usage(model, windows, top_k: int) -> list[list[int]]:
     model.eval()
     with torch.no_grad():
         for i in range(0, len(windows), 16):
-            out = model(input_ids=windows[i:i + 16, :-1], output_router_logits=True, use_cache=False)
+            out = model(input_ids=windows[i : i + 16, :-1], output_router_logits=True, use_cache=False)
             rl = [r for r in out.router_logits if r is not None]
             if counts is None:
                 counts = [torch.zeros(r.shape[-1], dtype=torch.long) for r in rl]
@@ -282,9 +340,12 @@ def train(args) -> dict:
 
     setup_torch(args.threads, args.seed)
     corpus = load_corpus()
-    print(f"corpus: CPython {corpus['python']} stdlib, {corpus['n_files']['train']} train files "
-          f"({len(corpus['train'])} tokens), {corpus['n_files']['val']} validation files "
-          f"({len(corpus['val'])} tokens), fingerprint {corpus['fingerprint'][:16]}", flush=True)
+    print(
+        f"corpus: CPython {corpus['python']} stdlib, {corpus['n_files']['train']} train files "
+        f"({len(corpus['train'])} tokens), {corpus['n_files']['val']} validation files "
+        f"({len(corpus['val'])} tokens), fingerprint {corpus['fingerprint'][:16]}",
+        flush=True,
+    )
     model = build_model(args.arch, args.ctx)
     if hasattr(model, "set_experts_implementation"):
         try:  # same result as the default per-expert loop, faster on CPU
@@ -299,8 +360,12 @@ def train(args) -> dict:
 
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8)
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
     warmup = max(1, args.steps // 20)
 
     def lr_at(step: int) -> float:
@@ -320,7 +385,7 @@ def train(args) -> dict:
     model.train()
     for step in range(args.steps):
         starts = torch.randint(0, len(train_stream) - args.ctx - 1, (args.batch,), generator=gen)
-        x = torch.stack([train_stream[s:s + args.ctx + 1] for s in starts.tolist()]).long()
+        x = torch.stack([train_stream[s : s + args.ctx + 1] for s in starts.tolist()]).long()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         out = model(input_ids=x[:, :-1], output_router_logits=True, use_cache=False)
@@ -338,8 +403,11 @@ def train(args) -> dict:
             tr = run_loss / run_n
             run_loss, run_n = 0.0, 0
             curve.append({"step": step + 1, "train": tr, "val": v})
-            print(f"step {step + 1}: train {tr:.4f} val {v:.4f} aux {aux.item():.3f} "
-                  f"lr {lr_at(step):.2e} ({time.time() - t0:.0f} s)", flush=True)
+            print(
+                f"step {step + 1}: train {tr:.4f} val {v:.4f} aux {aux.item():.3f} "
+                f"lr {lr_at(step):.2e} ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
     train_seconds = time.time() - t0
 
     # round every weight to float16: the f16 GGUF then holds exactly these weights
@@ -352,8 +420,13 @@ def train(args) -> dict:
     for li, c in enumerate(usage):
         print(f"layer {li}: expert usage min {min(c)} max {max(c)} (uniform {sum(c) / len(c):.0f}) {c}")
     return {
-        "model": model, "curve": curve, "val_f16": v_f16, "usage": usage, "n_params": n_params,
-        "train_seconds": round(train_seconds), "corpus": {k: corpus[k] for k in ("n_files", "fingerprint", "python")},
+        "model": model,
+        "curve": curve,
+        "val_f16": v_f16,
+        "usage": usage,
+        "n_params": n_params,
+        "train_seconds": round(train_seconds),
+        "corpus": {k: corpus[k] for k in ("n_files", "fingerprint", "python")},
     }
 
 
@@ -398,13 +471,17 @@ conv.main()
 
 
 def convert(hf_dir: Path, out: Path, outtype: str, name: str) -> None:
-    from onebit_predict.paths import build_info
+    from onebit_predict.llama.paths import build_info
 
     tree = build_info().tree
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, "-c", _CONVERT, str(tree), str(hf_dir), str(out), outtype, name],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CONVERT, str(tree), str(hf_dir), str(out), outtype, name],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
         raise SystemExit(f"train_tiny: convert_hf_to_gguf.py failed ({proc.returncode})")
@@ -416,11 +493,12 @@ def sha256(path: Path) -> str:
 
 # --- the transformers vs llama.cpp check --------------------------------------------------
 
+
 def llama_logits(gguf_path: Path, seqs: list[list[int]], threads: int = 1):
     """llama.cpp logits (numpy, [n_seq, len, n_vocab]) of each sequence, each in a fresh context."""
     import numpy as np
 
-    from onebit_predict.runner import Context, ContextSettings, Model
+    from onebit_predict.llama.runner import Context, ContextSettings, Model
 
     n = max(len(s) for s in seqs)
     settings = ContextSettings(n_ctx=max(256, n), n_batch=n, n_ubatch=n, n_threads=threads)
@@ -464,7 +542,7 @@ def write_heldout(path: Path) -> list[str]:
         if len(raw) < HELDOUT_OFFSET + 1024:
             continue
         chosen.append(rel)
-        data += raw[HELDOUT_OFFSET:HELDOUT_OFFSET + HELDOUT_LEN]
+        data += raw[HELDOUT_OFFSET : HELDOUT_OFFSET + HELDOUT_LEN]
         if len(chosen) == HELDOUT_SEQS:
             break
     path.write_bytes(data)
@@ -474,7 +552,7 @@ def write_heldout(path: Path) -> list[str]:
 def heldout_sequences(path: Path) -> list[list[int]]:
     """The held-out snippet as HELDOUT_SEQS token sequences (token id = byte value)."""
     raw = path.read_bytes()
-    return [list(raw[i:i + HELDOUT_LEN]) for i in range(0, len(raw), HELDOUT_LEN)]
+    return [list(raw[i : i + HELDOUT_LEN]) for i in range(0, len(raw), HELDOUT_LEN)]
 
 
 def check(gguf_path: Path, hf_dir: Path, threads: int = 1, heldout: Path | None = None) -> dict:
@@ -485,18 +563,25 @@ def check(gguf_path: Path, hf_dir: Path, threads: int = 1, heldout: Path | None 
     seqs = heldout_sequences(heldout or gguf_path.parent / "heldout.txt")
     a = llama_logits(gguf_path, seqs, threads)
     b = hf_logits(hf_dir, seqs)
-    nmse = float(np.sum((a - b) ** 2) / np.sum(b ** 2))
+    nmse = float(np.sum((a - b) ** 2) / np.sum(b**2))
     agree = float(np.mean(a.argmax(-1) == b.argmax(-1)))
     tgt = np.array(seqs)[:, 1:]
     acc_llama = float(np.mean(a[:, :-1].argmax(-1) == tgt))
     acc_hf = float(np.mean(b[:, :-1].argmax(-1) == tgt))
-    res = {"nmse": nmse, "max_abs_diff": float(np.max(np.abs(a - b))), "top1_agreement": agree,
-           "top1_acc_llama": acc_llama, "top1_acc_hf": acc_hf, "tokens": int(a.shape[0] * a.shape[1])}
+    res = {
+        "nmse": nmse,
+        "max_abs_diff": float(np.max(np.abs(a - b))),
+        "top1_agreement": agree,
+        "top1_acc_llama": acc_llama,
+        "top1_acc_hf": acc_hf,
+        "tokens": int(a.shape[0] * a.shape[1]),
+    }
     print(json.dumps(res, indent=1))
     return res
 
 
 # --- CLI ---------------------------------------------------------------------------------
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -511,10 +596,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--aux-coef", type=float, default=0.01, help="per-layer load-balancing loss weight")
     p.add_argument("--eval-every", type=int, default=50)
     p.add_argument("--val-windows", type=int, default=32)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (1: deterministic, and OpenMP spin-waits waste CPU on a busy machine)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads (1: deterministic, and OpenMP spin-waits waste CPU on a busy machine)",
+    )
     p.add_argument("--outtype", default="f16", choices=["f16", "f32"])
-    p.add_argument("--check", type=Path, metavar="GGUF", help="compare GGUF (llama.cpp) with its --hf-dir (transformers)")
+    p.add_argument(
+        "--check", type=Path, metavar="GGUF", help="compare GGUF (llama.cpp) with its --hf-dir (transformers)"
+    )
     args = p.parse_args(argv)
 
     if args.check:
@@ -538,9 +629,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out snippet from {write_heldout(heldout)}")
     convert(hf_dir, args.out, args.outtype, f"onebit-tiny-{args.arch}")
     record = {
-        "command": cmd, "arch": args.arch, "seed": args.seed, "steps": args.steps, "batch": args.batch,
-        "ctx": args.ctx, "lr": args.lr, "threads": args.threads, "outtype": args.outtype,
-        "gguf": args.out.name, "gguf_sha256": sha256(args.out), "gguf_bytes": args.out.stat().st_size,
+        "command": cmd,
+        "arch": args.arch,
+        "seed": args.seed,
+        "steps": args.steps,
+        "batch": args.batch,
+        "ctx": args.ctx,
+        "lr": args.lr,
+        "threads": args.threads,
+        "outtype": args.outtype,
+        "gguf": args.out.name,
+        "gguf_sha256": sha256(args.out),
+        "gguf_bytes": args.out.stat().st_size,
         **res,
     }
     record["check"] = check(args.out, hf_dir, args.threads)

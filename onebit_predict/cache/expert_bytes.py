@@ -52,6 +52,7 @@ def expert_bytes_from_gguf(path: str | Path) -> tuple[dict[int, int], int]:
         layer = int(m.group(1))
         per_layer[layer] = per_layer.get(layer, 0) + nbytes // n_expert
     if not per_layer or n_expert is None:
-        raise ModelError(f"{path}: no routed-expert tensors (blk.N.ffn_gate_exps / ffn_up_exps / ffn_down_exps): "
-                         "not a MoE model")
+        raise ModelError(
+            f"{path}: no routed-expert tensors (blk.N.ffn_gate_exps / ffn_up_exps / ffn_down_exps): not a MoE model"
+        )
     return per_layer, n_expert

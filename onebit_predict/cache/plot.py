@@ -19,8 +19,10 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise PlotUnavailable("--plot needs matplotlib, the optional 'plot' extra: "
-                              "pip install 'onebit-predict[plot]' (or pip install matplotlib)") from None
+        raise PlotUnavailable(
+            "--plot needs matplotlib, the optional 'plot' extra: "
+            "pip install 'onebit-predict[plot]' (or pip install matplotlib)"
+        ) from None
 
 
 def plot_simulation(result: SimResult, path: str | Path, title: str, marked: list[float]) -> None:
@@ -35,7 +37,7 @@ def plot_simulation(result: SimResult, path: str | Path, title: str, marked: lis
     for name in result.predictors:
         per_layer = result.layer_counts[name]
         layers = list(per_layer)
-        left.plot(layers, [100 * (per_layer[l].hit_rate or 0.0) for l in layers], marker="o", label=name)
+        left.plot(layers, [100 * (per_layer[layer].hit_rate or 0.0) for layer in layers], marker="o", label=name)
         bws = result.bandwidths
         right.plot([b / 1e9 for b in bws], [result.run(name, b).tok_s or 0.0 for b in bws], marker=".", label=name)
     left.set_xlabel("layer")

@@ -15,7 +15,7 @@ to run (so ``slots >= n_expert_used``):
   victims chosen among the residents not in P. A resident expert of P is left as it is.
   A prefetch read is *useful* when its expert is in D of the same token, *wasted* otherwise;
 - prefetch ``protect`` (free): nothing is read for P; while D's misses evict, the resident
-  experts of P are spared (victims are chosen outside D and P, or outside D alone when
+  experts of P (all of them, however many) are spared (victims are chosen outside D and P, or outside D alone when
   nothing else is left).
 
 With ``cold`` (as ``onebit-bench --cold``, which evicts every expert page before each
@@ -24,9 +24,10 @@ to the next, and only the same token's charged prefetch can turn a demand into a
 
 Victims: ``lru`` the least recently used (a demand access or an insertion is a use);
 ``lfru`` the fewest demand uses over the layer's last ``lfru_window`` tokens, ties to the
-least recently used (with a window of 1 it is LRU); ``belady`` (offline, optimal for
-demand paging) the resident whose next demand is furthest away, never demanded again
-being furthest, ties to the least recently used.
+least recently used (with a window of 1 it is LRU under prefetch ``none`` and ``protect``,
+not under ``trace``: a prefetch insertion is a use for LRU, not for LFRU's window of
+demands); ``belady`` (offline, optimal for demand paging) the resident whose next demand
+is furthest away, never demanded again being furthest, ties to the least recently used.
 
 Besides the counts, the replay keeps every read it made (which expert, demand or
 prefetch, which token) and which read's copy served each demanded expert: the schedule
@@ -42,7 +43,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from .constants import LFRU_WINDOW_DEFAULT, REPLAY_POLICIES, REPLAY_PREFETCH_MODES
+from ..constants import LFRU_WINDOW_DEFAULT, REPLAY_POLICIES, REPLAY_PREFETCH_MODES
 
 KIND_DEMAND = 0
 KIND_PREFETCH = 1
@@ -134,149 +135,193 @@ class LayerReplay:
     hit: np.ndarray  # (n, n_used) bool
 
 
-def _candidates(pred_row: Sequence[int], slots: int) -> list[int]:
-    """The prediction's distinct ids, best first, -1 dropped, at most ``slots``."""
+def _candidates(pred_row: Sequence[int], limit: int | None) -> list[int]:
+    """The prediction's distinct ids, best first, -1 dropped, at most ``limit`` (None: all)."""
     out: list[int] = []
     for e in pred_row:
         if e >= 0 and e not in out:
             out.append(e)
-            if len(out) == slots:
+            if len(out) == limit:
                 break
     return out
+
+
+def _demand_rows(demand: np.ndarray) -> dict[int, list[int]]:
+    """belady: expert -> the ascending rows that demand it."""
+    n, n_used = demand.shape
+    occ: dict[int, list[int]] = {}
+    flat_rows = np.repeat(np.arange(n), n_used)
+    flat_ids = demand.reshape(-1)
+    order = np.lexsort((flat_rows, flat_ids))
+    ids_sorted, rows_sorted = flat_ids[order], flat_rows[order]
+    bounds = np.flatnonzero(np.diff(ids_sorted)) + 1
+    for ids, rows in zip(np.split(ids_sorted, bounds), np.split(rows_sorted, bounds)):
+        if len(ids):
+            occ[int(ids[0])] = rows.tolist()
+    return occ
+
+
+class _LayerCache:
+    """The state of one layer's replay: its residents, the policy's bookkeeping, every read made.
+
+    The residents are kept least recently used first (a demand hit moves one to the end, an
+    insertion appends it), each with the read that brought its copy. Every policy scans
+    them in this order and keeps the first best candidate: ties go to the least recent.
+    """
+
+    def __init__(self, cfg: CacheConfig, demand: np.ndarray) -> None:
+        self.cfg = cfg
+        self.never = len(demand) + 1  # belady: the next use of an expert never demanded again
+        self.occ = _demand_rows(demand) if cfg.policy == "belady" else {}
+        self.res: OrderedDict[int, int] = OrderedDict()  # resident expert -> the read of its copy
+        self.nxt: dict[int, int] = {}  # belady: a resident's next demand row (kept exact: see insert)
+        self.count: dict[int, int] = {}  # lfru: demand uses over the window
+        self.window: deque[list[int]] = deque()  # lfru: the demands of the last lfru_window tokens
+        self.load_expert: list[int] = []
+        self.load_kind: list[int] = []
+        self.load_useful: list[bool] = []
+        self.hits = 0
+
+    @property
+    def n_reads(self) -> int:
+        return len(self.load_expert)
+
+    def next_use(self, e: int, i: int) -> int:
+        """belady: the first row >= i that demands e (``never`` if none)."""
+        rows = self.occ.get(e)
+        if not rows:
+            return self.never
+        k = bisect_left(rows, i)
+        return rows[k] if k < len(rows) else self.never
+
+    def _victim_lfru(self, exclude: set[int]) -> int | None:
+        best, best_key = None, 0
+        for e in self.res:
+            if e not in exclude:
+                c = self.count.get(e, 0)
+                if best is None or c < best_key:
+                    best, best_key = e, c
+                    if c == 0:
+                        break
+        return best
+
+    def _victim_belady(self, exclude: set[int]) -> int | None:
+        best, best_key = None, 0
+        for e in self.res:
+            if e not in exclude:
+                u = self.nxt[e]
+                if best is None or u > best_key:
+                    best, best_key = e, u
+                    if u == self.never:
+                        break
+        return best
+
+    def victim(self, exclude: set[int]) -> int | None:
+        """The resident to evict, outside exclude (None when every resident is excluded)."""
+        if self.cfg.policy == "lru":
+            return next((e for e in self.res if e not in exclude), None)
+        if self.cfg.policy == "lfru":
+            return self._victim_lfru(exclude)
+        return self._victim_belady(exclude)
+
+    def insert(self, e: int, kind: int, useful: bool, exclude: set[int], fallback: set[int], i: int) -> None:
+        """Read e into the cache at row i, evicting a victim outside exclude (else outside fallback)."""
+        if len(self.res) >= self.cfg.slots:
+            v = self.victim(exclude)
+            if v is None:
+                v = self.victim(fallback)
+            assert v is not None  # slots >= n_used and |P| <= slots guarantee one
+            del self.res[v]
+        self.res[e] = self.n_reads
+        if self.cfg.policy == "belady":
+            # a demand insertion is used now: its next use is after row i; a prefetch's may be
+            # row i itself. A resident's next use changes only when it is demanded, which
+            # updates it: the stored value stays exact.
+            self.nxt[e] = self.next_use(e, i + 1 if kind == KIND_DEMAND else i)
+        self.load_expert.append(e)
+        self.load_kind.append(kind)
+        self.load_useful.append(useful)
+
+    def prefetch(self, p: list[int], d_set: set[int], i: int) -> None:
+        """Charged prefetch: read every expert of P not resident, evicting outside P."""
+        p_set = set(p)
+        for e in p:
+            if e not in self.res:
+                self.insert(e, KIND_PREFETCH, e in d_set, p_set, p_set, i)
+
+    def demand(self, d: list[int], exclude: set[int], i: int) -> list[bool]:
+        """Serve row i's demand d, reading its misses (victims outside exclude, else outside d); its hits."""
+        d_set = set(d)
+        row_hit = []
+        for e in d:
+            if e in self.res:
+                self.hits += 1
+                row_hit.append(True)
+                self.res.move_to_end(e)
+                if self.cfg.policy == "belady":
+                    self.nxt[e] = self.next_use(e, i + 1)
+            else:
+                row_hit.append(False)
+                self.insert(e, KIND_DEMAND, False, exclude, d_set, i)
+        return row_hit
+
+    def count_uses(self, d: list[int]) -> None:
+        """lfru: add row's demand to the window, dropping the row that leaves it."""
+        self.window.append(d)
+        for e in d:
+            self.count[e] = self.count.get(e, 0) + 1
+        if len(self.window) > self.cfg.lfru_window:
+            for e in self.window.popleft():
+                self.count[e] -= 1
 
 
 def replay_layer(demand: np.ndarray, pred: np.ndarray | None, cfg: CacheConfig) -> LayerReplay:
     """Replay one layer: ``demand`` (n, n_used) actual ids, ``pred`` (n, w) predicted ids (-1 pad)."""
     n, n_used = demand.shape
     if cfg.slots < n_used:
-        raise ValueError(f"slots ({cfg.slots}) must be at least n_expert_used ({n_used}): "
-                         "a layer needs all its experts resident at once")
+        raise ValueError(
+            f"slots ({cfg.slots}) must be at least n_expert_used ({n_used}): "
+            "a layer needs all its experts resident at once"
+        )
     use_pred = cfg.prefetch != "none" and pred is not None
     d_rows = demand.tolist()
     p_rows = pred.tolist() if use_pred else None
-
-    occ: dict[int, list[int]] = {}  # belady: expert -> ascending rows that demand it
-    if cfg.policy == "belady":
-        flat_rows = np.repeat(np.arange(n), n_used)
-        flat_ids = demand.reshape(-1)
-        order = np.lexsort((flat_rows, flat_ids))
-        ids_sorted, rows_sorted = flat_ids[order], flat_rows[order]
-        bounds = np.flatnonzero(np.diff(ids_sorted)) + 1
-        for ids, rows in zip(np.split(ids_sorted, bounds), np.split(rows_sorted, bounds)):
-            if len(ids):
-                occ[int(ids[0])] = rows.tolist()
-    never = n + 1
-
-    def next_use(e: int, i: int) -> int:
-        """belady: the first row >= i that demands e (``never`` if none)."""
-        rows = occ.get(e)
-        if not rows:
-            return never
-        k = bisect_left(rows, i)
-        return rows[k] if k < len(rows) else never
-
-    # The residents, least recently used first (a demand hit moves one to the end, an
-    # insertion appends it), each with the read that brought its copy. Every policy scans
-    # them in this order and keeps the first best candidate: ties go to the least recent.
-    res: OrderedDict[int, int] = OrderedDict()
-    nxt: dict[int, int] = {}  # belady: a resident's next demand row (kept exact: see below)
-    count: dict[int, int] = {}  # lfru: demand uses over the window
-    window: deque[list[int]] = deque()
-    l_expert: list[int] = []
-    l_kind: list[int] = []
-    l_useful: list[bool] = []
+    cache = _LayerCache(cfg, demand)
     start = np.zeros(n + 1, dtype=np.int64)
     n_pf = np.zeros(n, dtype=np.int64)
     serve: list[list[int]] = []
     hit: list[list[bool]] = []
-    hits = 0
-    policy = cfg.policy
-
-    def victim(exclude: set[int]) -> int | None:
-        best, best_key = None, 0
-        if policy == "lru":
-            for e in res:
-                if e not in exclude:
-                    return e
-        elif policy == "lfru":
-            for e in res:
-                if e not in exclude:
-                    c = count.get(e, 0)
-                    if best is None or c < best_key:
-                        best, best_key = e, c
-                        if c == 0:
-                            break
-        else:
-            for e in res:
-                if e not in exclude:
-                    u = nxt[e]
-                    if best is None or u > best_key:
-                        best, best_key = e, u
-                        if u == never:
-                            break
-        return best
-
-    def insert(e: int, kind: int, useful: bool, exclude: set[int], fallback: set[int], i: int) -> None:
-        if len(res) >= cfg.slots:
-            v = victim(exclude)
-            if v is None:
-                v = victim(fallback)
-            assert v is not None  # slots >= n_used and |P| <= slots guarantee one
-            del res[v]
-        res[e] = len(l_expert)
-        if policy == "belady":
-            # a demand insertion is used now: its next use is after row i; a prefetch's may be
-            # row i itself. A resident's next use changes only when it is demanded, which
-            # updates it: the stored value stays exact.
-            nxt[e] = next_use(e, i + 1 if kind == KIND_DEMAND else i)
-        l_expert.append(e)
-        l_kind.append(kind)
-        l_useful.append(useful)
-
     for i in range(n):
-        start[i] = len(l_expert)
+        start[i] = cache.n_reads
         if cfg.cold:
-            res.clear()  # nothing survives from the last token (stale nxt entries are rewritten on insert)
+            cache.res.clear()  # nothing survives from the last token (stale nxt entries are rewritten on insert)
         d = d_rows[i]
-        d_set = set(d)
-        p = _candidates(p_rows[i], cfg.slots) if use_pred else []
-        p_set = set(p)
+        # a charged prefetch reads at most N (it needs the slots); protection spares all of P
+        p = _candidates(p_rows[i], cfg.slots if cfg.prefetch == "trace" else None) if use_pred else []
         if cfg.prefetch == "trace":
-            for e in p:
-                if e not in res:
-                    insert(e, KIND_PREFETCH, e in d_set, p_set, p_set, i)
-            n_pf[i] = len(l_expert) - start[i]
-        exclude = d_set | p_set if cfg.prefetch == "protect" else d_set
-        row_hit = []
-        for e in d:
-            if e in res:
-                hits += 1
-                row_hit.append(True)
-                res.move_to_end(e)
-                if policy == "belady":
-                    nxt[e] = next_use(e, i + 1)
-            else:
-                row_hit.append(False)
-                insert(e, KIND_DEMAND, False, exclude, d_set, i)
-        hit.append(row_hit)
-        serve.append([res[e] for e in d])
-        if policy == "lfru":
-            window.append(d)
-            for e in d:
-                count[e] = count.get(e, 0) + 1
-            if len(window) > cfg.lfru_window:
-                for e in window.popleft():
-                    count[e] -= 1
-    start[n] = len(l_expert)
+            cache.prefetch(p, set(d), i)
+            n_pf[i] = cache.n_reads - start[i]
+        exclude = set(d) | set(p) if cfg.prefetch == "protect" else set(d)
+        hit.append(cache.demand(d, exclude, i))
+        serve.append([cache.res[e] for e in d])
+        if cfg.policy == "lfru":
+            cache.count_uses(d)
+    start[n] = cache.n_reads
 
-    kind = np.array(l_kind, dtype=np.int8)
-    useful = np.array(l_useful, dtype=bool)
+    kind = np.array(cache.load_kind, dtype=np.int8)
+    useful = np.array(cache.load_useful, dtype=bool)
     n_prefetch = int((kind == KIND_PREFETCH).sum())
-    counts = CacheCounts(tokens=n, demand=n * n_used, hits=hits, demand_reads=len(kind) - n_prefetch,
-                         prefetch_reads=n_prefetch, prefetch_useful=int(useful.sum()))
+    counts = CacheCounts(
+        tokens=n,
+        demand=n * n_used,
+        hits=cache.hits,
+        demand_reads=len(kind) - n_prefetch,
+        prefetch_reads=n_prefetch,
+        prefetch_useful=int(useful.sum()),
+    )
     serve_a = np.array(serve, dtype=np.int64).reshape(n, n_used)
     hit_a = np.array(hit, dtype=bool).reshape(n, n_used)
-    return LayerReplay(counts, np.array(l_expert, dtype=np.int32), kind, useful, start, n_pf, serve_a, hit_a)
+    return LayerReplay(counts, np.array(cache.load_expert, dtype=np.int32), kind, useful, start, n_pf, serve_a, hit_a)
 
 
 @dataclass(frozen=True, eq=False)
@@ -291,7 +336,10 @@ class ReplayResult:
         return sum((r.counts for r in self.layers.values()), CacheCounts())
 
 
-def replay(demand_by_layer: dict[int, np.ndarray], pred_by_layer: dict[int, np.ndarray | None],
-           cfg: CacheConfig) -> ReplayResult:
+def replay(
+    demand_by_layer: dict[int, np.ndarray], pred_by_layer: dict[int, np.ndarray | None], cfg: CacheConfig
+) -> ReplayResult:
     """Replay every layer of ``demand_by_layer`` (its predictions in ``pred_by_layer``, None: none)."""
-    return ReplayResult(cfg, {l: replay_layer(d, pred_by_layer.get(l), cfg) for l, d in demand_by_layer.items()})
+    return ReplayResult(
+        cfg, {layer: replay_layer(d, pred_by_layer.get(layer), cfg) for layer, d in demand_by_layer.items()}
+    )

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .constants import MODE_OFF, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
-from .trace import Trace, TraceError, TraceHeader
+from ..constants import MODE_OFF, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from ..trace import Trace, TraceError, TraceHeader
 
 _FIELDS = ("step", "seq_id", "pos", "layer", "n_read", "flags", "actual_ids", "pred_ids")
 
@@ -107,8 +107,11 @@ def load_routing(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS) -> 
     # row is the same (seq_id, layer) at pos - 1 (the rule of stats.py)
     order = np.lexsort((rec["pos"], rec["step"], rec["layer"], rec["seq_id"]))
     s_seq, s_layer, s_pos = rec["seq_id"][order], rec["layer"][order], rec["pos"][order]
-    follows = ((s_seq[1:] == s_seq[:-1]) & (s_layer[1:] == s_layer[:-1])
-               & (s_pos[1:].astype(np.int64) == s_pos[:-1].astype(np.int64) + 1))
+    follows = (
+        (s_seq[1:] == s_seq[:-1])
+        & (s_layer[1:] == s_layer[:-1])
+        & (s_pos[1:].astype(np.int64) == s_pos[:-1].astype(np.int64) + 1)
+    )
     prev = np.full((n_rec, h.n_expert_used), -1, dtype=np.int32)
     at = np.flatnonzero(follows) + 1
     prev[order[at]] = rec["actual_ids"][order[at - 1]]
@@ -139,10 +142,11 @@ def load_routing(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS) -> 
             dup = int(tok[1:][tok[1:] == tok[:-1]][0])
             raise TraceError(f"layer {layer} has two records of the same token (step, seq_id, pos) #{dup}")
         rows = decode[sel]
-        layers[int(layer)] = LayerRouting(int(layer), tok, rec["actual_ids"][rows].astype(np.int32),
-                                          pred[sel].astype(np.int32), prev[rows])
+        layers[int(layer)] = LayerRouting(
+            int(layer), tok, rec["actual_ids"][rows].astype(np.int32), pred[sel].astype(np.int32), prev[rows]
+        )
     if h.mode != MODE_OFF:
-        predicted_layers = frozenset(l for l in h.layer_mask if 1 <= l < h.n_layer)
+        predicted_layers = frozenset(layer for layer in h.layer_mask if 1 <= layer < h.n_layer)
     else:
         predicted_layers = frozenset(range(1, h.n_layer))
     return Routing(h, len(uniq), layers, predicted_layers)

@@ -144,15 +144,15 @@ def predictor_names(routing: Routing) -> tuple[str, ...]:
 def predictions(routing: Routing, predictor: str) -> dict[int, np.ndarray | None]:
     """Each layer's predicted ids for ``predictor`` (None: that layer is not predicted)."""
     out: dict[int, np.ndarray | None] = {}
-    for l, lr in routing.layers.items():
-        if predictor == PRED_NONE or l not in routing.predicted_layers:
-            out[l] = None
+    for layer, lr in routing.layers.items():
+        if predictor == PRED_NONE or layer not in routing.predicted_layers:
+            out[layer] = None
         elif predictor == PRED_PREVIOUS:
-            out[l] = lr.prev
+            out[layer] = lr.prev
         elif predictor == PRED_ORACLE:
-            out[l] = lr.actual
+            out[layer] = lr.actual
         elif predictor == routing.header.mode_name:
-            out[l] = lr.trace_pred
+            out[layer] = lr.trace_pred
         else:
             raise ValueError(f"unknown predictor '{predictor}'")
     return out
@@ -167,59 +167,67 @@ def cost_per_layer(routing: Routing, compute: ComputeModel) -> dict[int, float]:
     """
     if compute.predictor_cost_pct == 0 or not routing.has_predictor:
         return {}
-    predicting = [l for l in routing.layers if l + 1 in routing.predicted_layers and l + 1 in routing.layers]
+    predicting = [
+        layer for layer in routing.layers if layer + 1 in routing.predicted_layers and layer + 1 in routing.layers
+    ]
     if not predicting:
         return {}
     per_token = compute.predictor_cost_pct / 100.0 * len(routing.layers) * compute.layer_ms
-    return {l: per_token / len(predicting) for l in predicting}
+    return {layer: per_token / len(predicting) for layer in predicting}
 
 
-def time_run(routing: Routing, replays: dict[int, LayerReplay], expert_bytes: dict[int, float],
-             drive_model: DriveModel, compute: ComputeModel, cost_layers: dict[int, float],
-             predictor: str) -> PredictorRun:
+def time_run(
+    routing: Routing,
+    replays: dict[int, LayerReplay],
+    expert_bytes: dict[int, float],
+    drive_model: DriveModel,
+    compute: ComputeModel,
+    cost_layers: dict[int, float],
+    predictor: str,
+) -> PredictorRun:
     """Play a replay's read schedule on the drive, token by token, layer by layer."""
     layers = sorted(replays)
     # plain Python lists: this loop touches a few items per (token, layer), where numpy's
     # per-call overhead would dominate
-    local = {l: routing.local_index(l).tolist() for l in layers}
-    starts = {l: r.start.tolist() for l, r in replays.items()}
-    n_pf = {l: r.n_prefetch.tolist() for l, r in replays.items()}
-    serve = {l: r.serve.tolist() for l, r in replays.items()}
-    hit = {l: r.hit.tolist() for l, r in replays.items()}
-    done = {l: [0.0] * len(r.load_expert) for l, r in replays.items()}
-    pf_issued = {l: [False] * r.counts.tokens for l, r in replays.items()}
+    local = {layer: routing.local_index(layer).tolist() for layer in layers}
+    starts = {layer: r.start.tolist() for layer, r in replays.items()}
+    n_pf = {layer: r.n_prefetch.tolist() for layer, r in replays.items()}
+    serve = {layer: r.serve.tolist() for layer, r in replays.items()}
+    hit = {layer: r.hit.tolist() for layer, r in replays.items()}
+    done = {layer: [0.0] * len(r.load_expert) for layer, r in replays.items()}
+    pf_issued = {layer: [False] * r.counts.tokens for layer, r in replays.items()}
     drive = Drive(drive_model)
     before = compute.route_at * compute.layer_ms
     after = compute.layer_ms - before
 
-    def issue_prefetch(l: int, i: int, at: float) -> None:
-        d, nbytes, s0 = done[l], expert_bytes[l], starts[l][i]
-        for x in range(s0, s0 + n_pf[l][i]):
+    def issue_prefetch(layer: int, i: int, at: float) -> None:
+        d, nbytes, s0 = done[layer], expert_bytes[layer], starts[layer][i]
+        for x in range(s0, s0 + n_pf[layer][i]):
             d[x] = drive.read(at, nbytes)
-        pf_issued[l][i] = True
+        pf_issued[layer][i] = True
 
     t = cost_ms = stall_ms = 0.0
     stalls = late = 0
     for k in range(routing.n_tokens):
-        for l in layers:
-            i = local[l][k]
+        for layer in layers:
+            i = local[layer][k]
             if i < 0:
                 continue
-            if not pf_issued[l][i]:  # no earlier layer ran this token: issue at the layer's start
-                issue_prefetch(l, i, t)
-            cost = cost_layers.get(l, 0.0)
+            if not pf_issued[layer][i]:  # no earlier layer ran this token: issue at the layer's start
+                issue_prefetch(layer, i, t)
+            cost = cost_layers.get(layer, 0.0)
             cost_ms += cost
             routed = t + before + cost
-            d, nbytes = done[l], expert_bytes[l]
-            for x in range(starts[l][i] + n_pf[l][i], starts[l][i + 1]):
+            d, nbytes = done[layer], expert_bytes[layer]
+            for x in range(starts[layer][i] + n_pf[layer][i], starts[layer][i + 1]):
                 d[x] = drive.read(routed, nbytes)
-            nxt = l + 1
+            nxt = layer + 1
             if nxt in replays:
                 j = local[nxt][k]
                 if j >= 0:
                     issue_prefetch(nxt, j, routed)
             ready = routed
-            for x, was_hit in zip(serve[l][i], hit[l][i]):
+            for x, was_hit in zip(serve[layer][i], hit[layer][i]):
                 c = d[x]
                 if c > routed:
                     late += was_hit
@@ -230,17 +238,25 @@ def time_run(routing: Routing, replays: dict[int, LayerReplay], expert_bytes: di
                 stall_ms += ready - routed
             t = ready + after
     read = wasted = 0.0
-    for l, r in replays.items():
-        read += len(r.load_kind) * expert_bytes[l]
-        wasted += int(np.count_nonzero((r.load_kind == KIND_PREFETCH) & ~r.load_useful)) * expert_bytes[l]
+    for layer, r in replays.items():
+        read += len(r.load_kind) * expert_bytes[layer]
+        wasted += int(np.count_nonzero((r.load_kind == KIND_PREFETCH) & ~r.load_useful)) * expert_bytes[layer]
     counts = sum((r.counts for r in replays.values()), CacheCounts())
-    return PredictorRun(predictor, drive_model.bandwidth, routing.n_tokens, t, cost_ms, read, wasted,
-                        stalls, stall_ms, late, counts)
+    return PredictorRun(
+        predictor, drive_model.bandwidth, routing.n_tokens, t, cost_ms, read, wasted, stalls, stall_ms, late, counts
+    )
 
 
-def simulate(routing: Routing, expert_bytes: dict[int, float], cache: CacheConfig, compute: ComputeModel,
-             bandwidths: list[float], latency_ms: float, queue_depth: int,
-             predictors: tuple[str, ...] | None = None) -> SimResult:
+def simulate(
+    routing: Routing,
+    expert_bytes: dict[int, float],
+    cache: CacheConfig,
+    compute: ComputeModel,
+    bandwidths: list[float],
+    latency_ms: float,
+    queue_depth: int,
+    predictors: tuple[str, ...] | None = None,
+) -> SimResult:
     """Every predictor at every bandwidth; ``cache.prefetch`` is set per predictor (charged).
 
     ``cache.cold`` (kept for every predictor) empties every layer's cache before each token.
@@ -256,15 +272,25 @@ def simulate(routing: Routing, expert_bytes: dict[int, float], cache: CacheConfi
     for name in names:
         cfg = replace(cache, prefetch="none" if name == PRED_NONE else "trace")
         pred = predictions(routing, name)
-        replays[name] = {l: replay_layer(lr.actual, pred[l], cfg) for l, lr in routing.layers.items()}
-        layer_counts[name] = {l: r.counts for l, r in replays[name].items()}
+        replays[name] = {layer: replay_layer(lr.actual, pred[layer], cfg) for layer, lr in routing.layers.items()}
+        layer_counts[name] = {layer: r.counts for layer, r in replays[name].items()}
     runs = []
     for dm in drives:
         for name in names:
             costs = cost_layers if name == routing.header.mode_name and routing.has_predictor else {}
             runs.append(time_run(routing, replays[name], expert_bytes, dm, compute, costs, name))
-    return SimResult(routing, cache, compute, latency_ms, queue_depth, expert_bytes, tuple(names), layer_counts,
-                     tuple(runs), cost_layers)
+    return SimResult(
+        routing,
+        cache,
+        compute,
+        latency_ms,
+        queue_depth,
+        expert_bytes,
+        tuple(names),
+        layer_counts,
+        tuple(runs),
+        cost_layers,
+    )
 
 
 def spent_saved(result: SimResult, run: PredictorRun) -> tuple[float, float] | None:

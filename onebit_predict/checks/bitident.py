@@ -19,11 +19,20 @@ from pathlib import Path
 
 import numpy as np
 
-from .constants import ENV_MODE, ENV_OUT, ENV_PREFETCH, MODE_NAMES, PREFETCH_NAMES, TRACE_FLAG_PREDICTED
-from .runner import Context, ContextSettings, Model, builtin_tokens
-from .trace import Trace
+from ..constants import (
+    DEBUG_LEAK_UNCHECKED,
+    ENV_ALL,
+    ENV_DEBUG_LEAK,
+    ENV_MODE,
+    ENV_OUT,
+    ENV_PREFETCH,
+    MODE_NAMES,
+    PREFETCH_NAMES,
+    TRACE_FLAG_PREDICTED,
+)
+from ..llama.runner import Context, ContextSettings, Model, builtin_tokens
+from ..trace import Trace, TraceHeader
 
-ENV_DEBUG_LEAK = "ONEBIT_MOE_PREDICT_DEBUG_LEAK"
 PREDICTORS = ("router", "block")
 CONSUMERS = tuple(name for name in PREFETCH_NAMES.values() if name != "off")
 # every predictor and every consumer at least once; any PREDICTOR+CONSUMER pair is accepted
@@ -95,13 +104,13 @@ def _feed_decode(ctx: Context, out: RunOutput, toks: list[int]) -> None:
 
 def _feed_two_seqs(ctx: Context, out: RunOutput, toks: list[int]) -> None:
     # both prompts in one batch, interleaved, then both sequences step together
-    a, b = toks[:N_PREFILL], toks[N_PREFILL:2 * N_PREFILL]
+    a, b = toks[:N_PREFILL], toks[N_PREFILL : 2 * N_PREFILL]
     tokens = [t for pair in zip(a, b) for t in pair]
     pos = [p for p in range(N_PREFILL) for _ in (0, 1)]
     _decode(ctx, out, tokens, pos, [0, 1] * N_PREFILL)
     for i in range(N_DECODE):
         t = 2 * N_PREFILL + 2 * i
-        _decode(ctx, out, toks[t:t + 2], [N_PREFILL + i] * 2, [0, 1])
+        _decode(ctx, out, toks[t : t + 2], [N_PREFILL + i] * 2, [0, 1])
 
 
 def _feed_save_restore(ctx: Context, out: RunOutput, toks: list[int]) -> None:
@@ -134,11 +143,22 @@ def split_mode(mode: str) -> tuple[str, str | None]:
     return predictor, consumer or None
 
 
+def run_env(mode: str, trace: Path | None, leak: bool) -> dict[str, str | None]:
+    """The predictor's whole environment for one run: every variable libllama reads is set or
+    cleared here, so nothing is inherited from the caller (the off reference has none set, and
+    so builds exactly the unpatched graph)."""
+    predictor, consumer = split_mode(mode)
+    env: dict[str, str | None] = dict.fromkeys(ENV_ALL)
+    env[ENV_MODE] = None if predictor == "off" else predictor
+    env[ENV_PREFETCH] = consumer
+    env[ENV_OUT] = str(trace) if trace else None
+    env[ENV_DEBUG_LEAK] = DEBUG_LEAK_UNCHECKED if leak else None
+    return env
+
+
 def run_once(model: Model, scenario: Scenario, mode: str, trace: Path | None, leak: bool, seed: int) -> RunOutput:
     """Feed the scenario's tokens through one fresh context with the given mode."""
-    predictor, consumer = split_mode(mode)
-    env: dict[str, str | None] = {ENV_MODE: predictor, ENV_PREFETCH: consumer, ENV_OUT: str(trace) if trace else None,
-                                  ENV_DEBUG_LEAK: "1" if leak else None}
+    env = run_env(mode, trace, leak)
     toks = builtin_tokens(2 * N_PREFILL + 2 * N_DECODE, model.n_vocab, seed)
     out = RunOutput()
     with Context(model, scenario.settings, env) as ctx:
@@ -174,6 +194,29 @@ def consumer_problem(trace: Trace, consumer: str) -> str | None:
     return None
 
 
+def settings_problem(h: TraceHeader, predictor: str, leak: bool) -> str | None:
+    """Why the header shows a run other than the one asked for, or None: the mode (block falls
+    back to router where it cannot run), every knob at its default, and the negative control
+    applied exactly when it was asked for."""
+    if h.mode_name != predictor:
+        return f"{predictor} was asked for, the trace records {h.mode_name} (see the notice above)"
+    defaults = {
+        "depth": (h.depth_requested, 0),
+        "margin": (h.margin, float("inf")),
+        "min": (h.min_read, min(h.n_expert_used, h.depth)),
+        "no_attn": (h.no_attn, False),
+        "debug_self": (h.debug_self, False),
+        "layers": (sorted(h.layer_mask), list(range(1, h.n_layer))),
+    }
+    for name, (got, want) in defaults.items():
+        if got != want:
+            return f"the trace records {name} {got}, the check sets {want}: the run was not the one asked for"
+    if h.debug_leak != leak or h.graph_check_off != leak:
+        state = "applied" if h.debug_leak else "not applied"
+        return f"the negative control was {'asked for' if leak else 'not asked for'} and is {state} in this run"
+    return None
+
+
 def prediction_problem(path: Path, n_routed: int, consumer: str | None = None) -> tuple[int, str | None, str]:
     """(PREDICTED records, why the trace proves too little or None, the mode it ran) for a
     run of n_routed rows.
@@ -201,13 +244,32 @@ def prediction_problem(path: Path, n_routed: int, consumer: str | None = None) -
         return total, "the trace holds no record of a predicted layer: nothing was predicted", ran
     for il in layers:
         if records[il] != n_routed or predicted[il] != n_routed:
-            return total, (f"layer {il}: {predicted[il]} predicted of {records[il]} records, "
-                           f"{n_routed} rows were routed"), ran
+            return (
+                total,
+                (f"layer {il}: {predicted[il]} predicted of {records[il]} records, {n_routed} rows were routed"),
+                ran,
+            )
     return total, None, ran
 
 
-def check_model(model: Model, scenarios: Sequence[Scenario] = SCENARIOS, modes: Sequence[str] = MODES,
-                leak: bool = False, seed: int = 0, trace_dir: Path | None = None) -> list[ModeResult]:
+def run_problem(path: Path, n_routed: int, mode: str, leak: bool) -> tuple[int, str | None, str]:
+    """prediction_problem, after the header has shown that the run was the one asked for
+    (settings_problem): a mode that did not run as asked, or a control that was not applied, fails
+    with the reason."""
+    predictor, consumer = split_mode(mode)
+    predicted, problem, ran = prediction_problem(path, n_routed, consumer)
+    settings = settings_problem(Trace.open(path).header, predictor, leak)
+    return predicted, settings or problem, ran
+
+
+def check_model(
+    model: Model,
+    scenarios: Sequence[Scenario] = SCENARIOS,
+    modes: Sequence[str] = MODES,
+    leak: bool = False,
+    seed: int = 0,
+    trace_dir: Path | None = None,
+) -> list[ModeResult]:
     """Run every scenario off and with each mode; compare bytes and verify predictions were made."""
     results = []
     with tempfile.TemporaryDirectory(prefix="onebit-bitident-") as tmp:
@@ -216,8 +278,9 @@ def check_model(model: Model, scenarios: Sequence[Scenario] = SCENARIOS, modes: 
             ref = run_once(model, sc, "off", None, False, seed)
             for mode in modes:
                 path = traces / f"{sc.name.replace(' ', '_').replace('+', '_')}-{mode}.bin"
-                out = run_once(model, sc, mode, path, leak and mode == "block", seed)
-                predicted, problem, ran = prediction_problem(path, out.n_routed, split_mode(mode)[1])
+                leaky = leak and mode == "block"
+                out = run_once(model, sc, mode, path, leaky, seed)
+                predicted, problem, ran = run_problem(path, out.n_routed, mode, leaky)
                 mismatch = first_mismatch(ref.rows, out.rows)
                 results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))
     return results

@@ -1,8 +1,22 @@
-"""What the onebit-stats subcommands share: logging to stderr, exit codes, a plain table.
+"""What every command shares: parent parsers, argument types, one table printer, one exit-code map.
 
-``run_command(prog, parser, body, argv)`` parses ``argv`` (argparse usage errors and
-``ValueError`` from ``type=`` callbacks become exit 2), logs ``prog: LEVEL: message`` to
-stderr while ``body(args)`` runs, and turns a closed stdout (``| head``) into exit 0.
+Each console script is ``main(argv) -> int`` and calls :func:`run_command`, which parses
+``argv``, logs ``prog: LEVEL: message`` to stderr while the command runs (``prog: message``
+at INFO), and turns what the command raises into its exit code through :data:`EXIT_CODES`:
+
+====  =====================================================================================
+0     ok; also a closed stdout (``| head``: ``BrokenPipeError``) and ``--help``
+1     a check failed: :class:`CheckFailed`, a failed worker, a tool that could not write
+      its model, an eviction or drive measurement that does not work on this machine
+2     usage or input error: argparse's usage errors, :class:`UsageError`, a missing or
+      unreadable file (``OSError``), a bad trace (``TraceError``) or model (``ModelError``),
+      no patched build (``NotBuiltError``), llama.cpp refusing a model (``RunError``), the
+      stats kernel that cannot be built (``StatsKernelError``), matplotlib missing for
+      ``--plot``, any other ``ValueError`` raised on the command's input
+====  =====================================================================================
+
+A command returns EXIT_OK or EXIT_CHECK_FAILED itself when it finishes; anything not in
+the map is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -12,17 +26,84 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from .constants import EXIT_OK, EXIT_USAGE
+from ..cache.expert_bytes import ModelError
+from ..cache.plot import PlotUnavailable
+from ..checks.rounds import WorkerError
+from ..constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from ..llama.drive import DriveError
+from ..llama.evict import EvictError
+from ..llama.paths import NotBuiltError
+from ..llama.runner import RunError
+from ..llama.tiny import TinyModelError
+from ..metrics.stats_kernel import StatsKernelError
+from ..policy import layer_range
+from ..trace import TraceError
 
 logger = logging.getLogger("onebit_predict")
 
 
-def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], int],
-                argv: Sequence[str] | None) -> int:
+class UsageError(ValueError):
+    """The command line asks for something the command cannot do (exit 2)."""
+
+
+class CheckFailed(RuntimeError):
+    """The check ran and failed (exit 1)."""
+
+
+# First match wins: subclasses before their bases (BrokenPipeError is an OSError, TraceError
+# and ModelError are ValueErrors).
+EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
+    (BrokenPipeError, EXIT_OK),
+    (CheckFailed, EXIT_CHECK_FAILED),
+    (WorkerError, EXIT_CHECK_FAILED),
+    (TinyModelError, EXIT_CHECK_FAILED),
+    (DriveError, EXIT_CHECK_FAILED),
+    (EvictError, EXIT_CHECK_FAILED),
+    (UsageError, EXIT_USAGE),
+    (NotBuiltError, EXIT_USAGE),
+    (TraceError, EXIT_USAGE),
+    (ModelError, EXIT_USAGE),
+    (RunError, EXIT_USAGE),
+    (StatsKernelError, EXIT_USAGE),
+    (PlotUnavailable, EXIT_USAGE),
+    (OSError, EXIT_USAGE),
+    (ValueError, EXIT_USAGE),
+)
+
+
+def exit_code(exc: BaseException) -> int | None:
+    """The exit code of an exception (EXIT_CODES), or None when it is not a known failure."""
+    for cls, code in EXIT_CODES:
+        if isinstance(exc, cls):
+            return code
+    return None
+
+
+class _Formatter(logging.Formatter):
+    """``prog: message`` at INFO, ``prog: LEVEL: message`` above it."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__()
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno == logging.INFO else f"{record.levelname}: "
+        return f"{self.prog}: {level}{record.getMessage()}"
+
+
+def run_command(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    body: Callable[[argparse.Namespace], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """Parse argv, run body(args) with logging to stderr; map what it raises to an exit code."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(f"{prog}: %(levelname)s: %(message)s"))
-    logger.addHandler(handler)
+    handler.setFormatter(_Formatter(prog))
+    # a command run inside another (onebit-trace --stats) logs under its own name, once
+    handlers, logger.handlers = logger.handlers, [handler]
     propagate, level = logger.propagate, logger.level
     logger.propagate = False
     logger.setLevel(logging.INFO)
@@ -36,10 +117,19 @@ def run_command(prog: str, parser: argparse.ArgumentParser, body: Callable[[argp
         except BrokenPipeError:  # the reader (head, less) left: not an error of ours
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return EXIT_OK
+        except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown
+            code = exit_code(e)
+            if code is None:
+                raise
+            logger.error("%s", e)
+            return code
     finally:
-        logger.removeHandler(handler)
+        logger.handlers = handlers
         logger.propagate = propagate
         logger.setLevel(level)
+
+
+# --- argument types ---------------------------------------------------------------------
 
 
 def arg_type(parse: Callable[[str], object]) -> Callable[[str], object]:
@@ -73,8 +163,83 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def layer_list(text: str) -> frozenset[int]:
+    """``1,3-5`` -> {1, 3, 4, 5}: the one layer-list parser of the commands' ``--layers``.
+
+    Each item is read by ``policy.layer_range`` (the grammar of ONEBIT_MOE_PREDICT_LAYERS);
+    where the policy warns and ignores an item, a command refuses it (ArgumentTypeError).
+    """
+    layers: set[int] = set()
+    for raw in text.split(","):
+        item = raw.strip()
+        bounds = layer_range(item)
+        if bounds is None:
+            raise argparse.ArgumentTypeError(f"'{item}' is not N or A-B")
+        first, last = bounds
+        if first > last:
+            raise argparse.ArgumentTypeError(f"'{item}' is a reversed range")
+        layers.update(range(first, last + 1))
+    return frozenset(layers)
+
+
+def check_layers(layers: frozenset[int] | None, n_layer: int, path: object) -> None:
+    """UsageError when ``--layers`` names a layer the trace at ``path`` does not have."""
+    beyond = sorted(x for x in layers or () if x >= n_layer)
+    if beyond:
+        raise UsageError(f"--layers {beyond}: {path} has layers 0..{n_layer - 1}")
+
+
+# --- parent parsers: the arguments several commands have ------------------------------------
+
+
+def output_parent(*, csv: bool = True) -> argparse.ArgumentParser:
+    """``--json`` (and ``--csv``, exclusive with it): the machine-readable forms on stdout."""
+    p = argparse.ArgumentParser(add_help=False)
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="write JSON to stdout")
+    if csv:
+        out.add_argument("--csv", action="store_true", help="write CSV to stdout")
+    return p
+
+
+def trace_parent(*, many: bool = False) -> argparse.ArgumentParser:
+    """The TRACE positional (``many``: one or more, as ``traces``)."""
+    p = argparse.ArgumentParser(add_help=False)
+    if many:
+        p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files written with ONEBIT_MOE_PREDICT_OUT")
+    else:
+        p.add_argument("trace", metavar="TRACE", help="a trace file written with ONEBIT_MOE_PREDICT_OUT")
+    return p
+
+
+def layers_parent() -> argparse.ArgumentParser:
+    """``--layers LIST``: only these layers of the trace (layer_list)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--layers", type=layer_list, metavar="LIST", help="only these layers, e.g. 1,3-5")
+    return p
+
+
+def model_parent() -> argparse.ArgumentParser:
+    """The MODEL.gguf positional of the commands that run llama.cpp."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("model", type=Path, metavar="MODEL.gguf", help="the GGUF to run")
+    return p
+
+
+def require_file(path: Path, what: str = "") -> None:
+    """UsageError ``PATH: no such file`` unless path is a file."""
+    if not path.is_file():
+        raise UsageError(f"{what}{path}: no such file")
+
+
+EPILOG = "exit codes: 0 ok, 1 check failed, 2 usage or input error"
+
+
+# --- output --------------------------------------------------------------------------------
+
+
 def table(titles: list[str], rows: list[list[str]]) -> str:
-    """Right-aligned columns, two spaces apart."""
+    """Right-aligned columns, two spaces apart: the one table printer of the commands."""
     widths = [max(len(r[i]) for r in [titles, *rows]) for i in range(len(titles))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [titles, *rows])
 

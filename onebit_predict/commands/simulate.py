@@ -1,4 +1,5 @@
-"""``onebit-stats simulate TRACE (--model M | --expert-bytes SIZE) --bandwidth BW[,...] (--layer-ms MS | --bench-json F)``.
+"""``onebit-stats simulate TRACE (--model M | --expert-bytes SIZE) --bandwidth BW[,...]
+(--layer-ms MS | --bench-json F)``.
 
 The decode-time model of a streamed expert pipeline (onebit_predict.simulate, every rule in
 docs/cost-model.md) played on a trace's routing, for each predictor: none, previous-token,
@@ -12,7 +13,7 @@ measurement (a prediction can then only help as the same token's prefetch).
 
 A table by default; ``--json`` or ``--csv`` on stdout; ``--plot FILE.png`` (needs the
 ``plot`` extra: matplotlib); logs on stderr.
-Exit codes: 0 ok; 2 usage or input error.
+Exit codes: 0 ok; 2 usage or input error. A subcommand of ``onebit-stats`` (commands/stats.py).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ import csv
 import json
 import logging
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 
-from .cli_common import arg_type, comma_list, fmt, positive_int, run_command, table
-from .constants import (
+from ..cache.expert_bytes import ModelError, expert_bytes_from_gguf
+from ..cache.replay import CacheConfig
+from ..cache.routing import Routing, load_routing
+from ..cache.simulate import PRED_NONE, ComputeModel, SimResult, simulate, spent_saved
+from ..constants import (
     EXIT_OK,
-    EXIT_USAGE,
     LFRU_WINDOW_DEFAULT,
     REPLAY_POLICIES,
     SIM_LATENCY_US_DEFAULT,
@@ -36,15 +38,13 @@ from .constants import (
     SIM_QUEUE_DEPTH_DEFAULT,
     SIM_ROUTE_AT_DEFAULT,
 )
-from .expert_bytes import ModelError, expert_bytes_from_gguf
-from .replay import CacheConfig
-from .routing import Routing, load_routing
-from .simulate import PRED_NONE, ComputeModel, SimResult, simulate, spent_saved
-from .trace import Trace, TraceError
-from .units import fmt_bandwidth, parse_bandwidth, parse_size
+from ..trace import Trace
+from ..units import fmt_bandwidth, parse_bandwidth, parse_size
+from .common import UsageError, arg_type, comma_list, fmt, positive_int, table
 
 logger = logging.getLogger("onebit_predict")
-PROG = "onebit-stats simulate"
+DESCRIPTION = "Decode-time model of a streamed expert pipeline on a P/A trace's routing (docs/cost-model.md)."
+EPILOG = "exit codes: 0 ok, 2 usage or input error"
 MB = 1e6
 
 
@@ -65,48 +65,95 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG,
-        description="Decode-time model of a streamed expert pipeline on a P/A trace's routing (docs/cost-model.md).",
-        epilog="exit codes: 0 ok, 2 usage or input error",
-    )
-    p.add_argument("trace", metavar="TRACE")
+def configure(p: argparse.ArgumentParser) -> None:
+    """The options of ``onebit-stats simulate`` (TRACE and --json/--csv come from the parents)."""
     size = p.add_mutually_exclusive_group(required=True)
-    size.add_argument("--model", type=Path, metavar="MODEL.gguf",
-                      help="bytes per expert and layer from this GGUF's ffn_*_exps tensors")
-    size.add_argument("--expert-bytes", type=arg_type(parse_size), metavar="SIZE",
-                      help="one expert's bytes in every layer, e.g. 6.75MiB or 2856960")
-    p.add_argument("--bandwidth", required=True, type=arg_type(comma_list(parse_bandwidth)), metavar="BW[,BW...]",
-                   help="drive bandwidth, e.g. 3GB/s or 3GB/s,7GB/s")
-    p.add_argument("--latency-us", type=arg_type(_nonneg_float), default=SIM_LATENCY_US_DEFAULT, metavar="US",
-                   help=f"per-read latency in microseconds (default {SIM_LATENCY_US_DEFAULT:g})")
-    p.add_argument("--queue-depth", type=arg_type(positive_int), default=SIM_QUEUE_DEPTH_DEFAULT, metavar="Q",
-                   help=f"reads in service at once (default {SIM_QUEUE_DEPTH_DEFAULT})")
-    p.add_argument("--layer-ms", type=arg_type(_nonneg_float), metavar="MS",
-                   help="compute time of one layer for one token (or from --bench-json)")
-    p.add_argument("--bench-json", type=Path, metavar="FILE",
-                   help="onebit-bench --json output: layer time from 'patched off', predictor cost from the "
-                        "trace mode's row (explicit --layer-ms / --predictor-cost-pct win)")
-    p.add_argument("--route-at", type=arg_type(_fraction), default=SIM_ROUTE_AT_DEFAULT, metavar="F",
-                   help=f"fraction of a layer's compute before its router runs (default {SIM_ROUTE_AT_DEFAULT:g})")
-    p.add_argument("--predictor-cost-pct", type=arg_type(_nonneg_float), metavar="PCT",
-                   help="the trace predictor's cost in %% of a token's compute (e.g. router 4, block 35 from the "
-                        "README's onebit-bench table); default 0, or from --bench-json")
-    p.add_argument("--slots", type=arg_type(positive_int), metavar="N",
-                   help="expert slots per layer (default n_expert_used: no reuse beyond the last token's experts)")
+    size.add_argument(
+        "--model",
+        type=Path,
+        metavar="MODEL.gguf",
+        help="bytes per expert and layer from this GGUF's ffn_*_exps tensors",
+    )
+    size.add_argument(
+        "--expert-bytes",
+        type=arg_type(parse_size),
+        metavar="SIZE",
+        help="one expert's bytes in every layer, e.g. 6.75MiB or 2856960",
+    )
+    p.add_argument(
+        "--bandwidth",
+        required=True,
+        type=arg_type(comma_list(parse_bandwidth)),
+        metavar="BW[,BW...]",
+        help="drive bandwidth, e.g. 3GB/s or 3GB/s,7GB/s",
+    )
+    p.add_argument(
+        "--latency-us",
+        type=arg_type(_nonneg_float),
+        default=SIM_LATENCY_US_DEFAULT,
+        metavar="US",
+        help=f"per-read latency in microseconds (default {SIM_LATENCY_US_DEFAULT:g})",
+    )
+    p.add_argument(
+        "--queue-depth",
+        type=arg_type(positive_int),
+        default=SIM_QUEUE_DEPTH_DEFAULT,
+        metavar="Q",
+        help=f"reads in service at once (default {SIM_QUEUE_DEPTH_DEFAULT})",
+    )
+    p.add_argument(
+        "--layer-ms",
+        type=arg_type(_nonneg_float),
+        metavar="MS",
+        help="compute time of one layer for one token (or from --bench-json)",
+    )
+    p.add_argument(
+        "--bench-json",
+        type=Path,
+        metavar="FILE",
+        help="onebit-bench --json output: layer time from 'patched off', predictor cost from the "
+        "trace mode's row (explicit --layer-ms / --predictor-cost-pct win)",
+    )
+    p.add_argument(
+        "--route-at",
+        type=arg_type(_fraction),
+        default=SIM_ROUTE_AT_DEFAULT,
+        metavar="F",
+        help=f"fraction of a layer's compute before its router runs (default {SIM_ROUTE_AT_DEFAULT:g})",
+    )
+    p.add_argument(
+        "--predictor-cost-pct",
+        type=arg_type(_nonneg_float),
+        metavar="PCT",
+        help="the trace predictor's cost in %% of a token's compute (e.g. router 4, block 35 from the "
+        "onebit-bench table in docs/results.md); default 0, or from --bench-json",
+    )
+    p.add_argument(
+        "--slots",
+        type=arg_type(positive_int),
+        metavar="N",
+        help="expert slots per layer (default n_expert_used: no reuse beyond the last token's experts)",
+    )
     p.add_argument("--policy", default="lru", choices=REPLAY_POLICIES, help="eviction policy (default lru)")
-    p.add_argument("--lfru-window", type=arg_type(positive_int), default=LFRU_WINDOW_DEFAULT, metavar="T",
-                   help=f"tokens over which lfru counts uses (default {LFRU_WINDOW_DEFAULT})")
-    p.add_argument("--cold", action="store_true",
-                   help="empty every layer's cache before each token (as onebit-bench --cold): no expert "
-                        "survives from one token to the next; a prefetch still serves its own token")
-    p.add_argument("--plot", type=Path, metavar="FILE.png",
-                   help="per-layer hit rate and tok/s against bandwidth (needs matplotlib: the 'plot' extra)")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="write JSON to stdout")
-    out.add_argument("--csv", action="store_true", help="write CSV to stdout")
-    return p
+    p.add_argument(
+        "--lfru-window",
+        type=arg_type(positive_int),
+        default=LFRU_WINDOW_DEFAULT,
+        metavar="T",
+        help=f"tokens over which lfru counts uses (default {LFRU_WINDOW_DEFAULT})",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="empty every layer's cache before each token (as onebit-bench --cold): no expert "
+        "survives from one token to the next; a prefetch still serves its own token",
+    )
+    p.add_argument(
+        "--plot",
+        type=Path,
+        metavar="FILE.png",
+        help="per-layer hit rate and tok/s against bandwidth (needs matplotlib: the 'plot' extra)",
+    )
 
 
 def _from_bench(path: Path, mode: str, n_layer: int) -> tuple[float, float | None]:
@@ -127,7 +174,7 @@ def _from_bench(path: Path, mode: str, n_layer: int) -> tuple[float, float | Non
 def _expert_bytes(args: argparse.Namespace, routing: Routing) -> dict[int, float]:
     h = routing.header
     if args.expert_bytes is not None:
-        return {l: float(args.expert_bytes) for l in range(h.n_layer)}
+        return {layer: float(args.expert_bytes) for layer in range(h.n_layer)}
     if not args.model.is_file():
         raise ModelError(f"{args.model}: no such file")
     per_layer, n_expert = expert_bytes_from_gguf(args.model)
@@ -136,17 +183,19 @@ def _expert_bytes(args: argparse.Namespace, routing: Routing) -> dict[int, float
     missing = sorted(set(routing.layers) - set(per_layer))
     if missing:
         raise ModelError(f"{args.model} has no expert tensors for layers {missing}, which the trace routes")
-    return {l: float(b) for l, b in per_layer.items()}
+    return {layer: float(b) for layer, b in per_layer.items()}
 
 
 def _summary(trace: Trace, res: SimResult, bytes_text: str) -> str:
     h, c = trace.header, res.compute
     cost = f" | {h.mode_name} cost {c.predictor_cost_pct:g} % of compute" if res.routing.has_predictor else ""
-    return (f"{trace.path}: {res.routing.n_tokens} decode tokens | arch {h.arch or '?'} | model {h.model or '?'}"
-            f" | mode {h.mode_name} | n_expert {h.n_expert} | n_used {h.n_expert_used} | depth {h.depth}\n"
-            f"expert {bytes_text} | latency {res.latency_ms * 1000:g} us | queue depth {res.queue_depth}"
-            f" | layer {c.layer_ms:g} ms, routed at {c.route_at:g} | {res.cache.slots} slots/layer"
-            f" {res.cache.policy}{', cold (emptied before every token)' if res.cache.cold else ''}{cost}")
+    return (
+        f"{trace.path}: {res.routing.n_tokens} decode tokens | arch {h.arch or '?'} | model {h.model or '?'}"
+        f" | mode {h.mode_name} | n_expert {h.n_expert} | n_used {h.n_expert_used} | depth {h.depth}\n"
+        f"expert {bytes_text} | latency {res.latency_ms * 1000:g} us | queue depth {res.queue_depth}"
+        f" | layer {c.layer_ms:g} ms, routed at {c.route_at:g} | {res.cache.slots} slots/layer"
+        f" {res.cache.policy}{', cold (emptied before every token)' if res.cache.cold else ''}{cost}"
+    )
 
 
 def _row_values(res: SimResult, name: str, bw: float) -> dict[str, float | int | None]:
@@ -169,53 +218,106 @@ def _row_values(res: SimResult, name: str, bw: float) -> dict[str, float | int |
 
 def _render(trace: Trace, res: SimResult, bandwidths: list[float], bytes_text: str) -> str:
     out = [_summary(trace, res, bytes_text)]
-    titles = ["predictor", "hit%", "late/tok", "tok/s", "MB read/tok", "MB wasted/tok", "stalls/tok",
-              "stall ms/tok", "speedup"]
+    titles = [
+        "predictor",
+        "hit%",
+        "late/tok",
+        "tok/s",
+        "MB read/tok",
+        "MB wasted/tok",
+        "stalls/tok",
+        "stall ms/tok",
+        "speedup",
+    ]
     mode = trace.header.mode_name
     for bw in bandwidths:
         rows = []
         for name in res.predictors:
             v = _row_values(res, name, bw)
-            rows.append([name, fmt(None if v["hit_rate"] is None else 100 * v["hit_rate"], ".1f"),
-                         fmt(v["late_per_token"], ".2f"), fmt(v["tok_s"], ".1f"),
-                         fmt(None if v["bytes_read_per_token"] is None else v["bytes_read_per_token"] / MB, ".2f"),
-                         fmt(None if v["bytes_wasted_per_token"] is None else v["bytes_wasted_per_token"] / MB, ".2f"),
-                         fmt(v["stalls_per_token"], ".2f"), fmt(v["stall_ms_per_token"], ".3f"),
-                         fmt(v["speedup"], ".3f")])
+            rows.append(
+                [
+                    name,
+                    fmt(None if v["hit_rate"] is None else 100 * v["hit_rate"], ".1f"),
+                    fmt(v["late_per_token"], ".2f"),
+                    fmt(v["tok_s"], ".1f"),
+                    fmt(None if v["bytes_read_per_token"] is None else v["bytes_read_per_token"] / MB, ".2f"),
+                    fmt(None if v["bytes_wasted_per_token"] is None else v["bytes_wasted_per_token"] / MB, ".2f"),
+                    fmt(v["stalls_per_token"], ".2f"),
+                    fmt(v["stall_ms_per_token"], ".3f"),
+                    fmt(v["speedup"], ".3f"),
+                ]
+            )
         out += ["", f"bandwidth {fmt_bandwidth(bw)}", table(titles, rows)]
         if res.routing.has_predictor:
             v = _row_values(res, mode, bw)
             if v["spent_pct"] is not None:
                 out.append(f"{mode}: spent {v['spent_pct']:.1f} %, saved {v['saved_pct']:.1f} %")
     layers = list(res.layer_counts[PRED_NONE])
-    rows = [[str(l)] + [fmt(None if res.layer_counts[n][l].hit_rate is None else 100 * res.layer_counts[n][l].hit_rate,
-                            ".1f") for n in res.predictors] for l in layers]
-    out += ["", "per-layer hit rate, % (does not depend on bandwidth)",
-            table(["layer", *res.predictors], rows)]
+    rows = [
+        [str(layer)]
+        + [
+            fmt(
+                None if res.layer_counts[n][layer].hit_rate is None else 100 * res.layer_counts[n][layer].hit_rate,
+                ".1f",
+            )
+            for n in res.predictors
+        ]
+        for layer in layers
+    ]
+    out += ["", "per-layer hit rate, % (does not depend on bandwidth)", table(["layer", *res.predictors], rows)]
     return "\n".join(out)
 
 
 def _json(trace: Trace, res: SimResult, bandwidths: list[float]) -> str:
     h, c = trace.header, res.compute
-    return json.dumps({
-        "trace": str(trace.path),
-        "header": {"arch": h.arch, "model": h.model, "mode": h.mode_name, "n_layer": h.n_layer,
-                   "n_expert": h.n_expert, "n_expert_used": h.n_expert_used, "depth": h.depth},
-        "tokens": res.routing.n_tokens,
-        "model": {"expert_bytes": {str(l): b for l, b in sorted(res.expert_bytes.items())},
-                  "latency_us": res.latency_ms * 1000, "queue_depth": res.queue_depth, "layer_ms": c.layer_ms,
-                  "route_at": c.route_at, "predictor_cost_pct": c.predictor_cost_pct,
-                  "cost_ms_by_layer": {str(l): v for l, v in res.cost_layers.items()},
-                  "slots": res.cache.slots, "policy": res.cache.policy, "lfru_window": res.cache.lfru_window,
-                  "cold": res.cache.cold},
-        "runs": [{"bandwidth": bw, "predictor": name, **_row_values(res, name, bw),
-                  "total_ms": res.run(name, bw).total_ms, "stalls": res.run(name, bw).stalls,
-                  "late": res.run(name, bw).late, "bytes_read": res.run(name, bw).bytes_read,
-                  "bytes_wasted": res.run(name, bw).bytes_wasted}
-                 for bw in bandwidths for name in res.predictors],
-        "layers": {name: [{"layer": l, **x.metrics()} for l, x in res.layer_counts[name].items()]
-                   for name in res.predictors},
-    }, indent=2, allow_nan=False)
+    return json.dumps(
+        {
+            "trace": str(trace.path),
+            "header": {
+                "arch": h.arch,
+                "model": h.model,
+                "mode": h.mode_name,
+                "n_layer": h.n_layer,
+                "n_expert": h.n_expert,
+                "n_expert_used": h.n_expert_used,
+                "depth": h.depth,
+            },
+            "tokens": res.routing.n_tokens,
+            "model": {
+                "expert_bytes": {str(layer): b for layer, b in sorted(res.expert_bytes.items())},
+                "latency_us": res.latency_ms * 1000,
+                "queue_depth": res.queue_depth,
+                "layer_ms": c.layer_ms,
+                "route_at": c.route_at,
+                "predictor_cost_pct": c.predictor_cost_pct,
+                "cost_ms_by_layer": {str(layer): v for layer, v in res.cost_layers.items()},
+                "slots": res.cache.slots,
+                "policy": res.cache.policy,
+                "lfru_window": res.cache.lfru_window,
+                "cold": res.cache.cold,
+            },
+            "runs": [
+                {
+                    "bandwidth": bw,
+                    "predictor": name,
+                    **_row_values(res, name, bw),
+                    "total_ms": res.run(name, bw).total_ms,
+                    "stalls": res.run(name, bw).stalls,
+                    "late": res.run(name, bw).late,
+                    "bytes_read": res.run(name, bw).bytes_read,
+                    "bytes_wasted": res.run(name, bw).bytes_wasted,
+                }
+                for bw in bandwidths
+                for name in res.predictors
+            ],
+            "layers": {
+                name: [{"layer": layer, **x.metrics()} for layer, x in res.layer_counts[name].items()]
+                for name in res.predictors
+            },
+        },
+        indent=2,
+        allow_nan=False,
+    )
 
 
 def _csv(res: SimResult, bandwidths: list[float]) -> None:
@@ -228,50 +330,39 @@ def _csv(res: SimResult, bandwidths: list[float]) -> None:
             w.writerow([bw, name, *values, int(res.cache.cold)])
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    """``onebit-stats simulate``: time the trace's routing per predictor and bandwidth."""
     if args.layer_ms is None and args.bench_json is None:
-        logger.error("give the per-layer compute time: --layer-ms MS or --bench-json FILE (onebit-bench --json)")
-        return EXIT_USAGE
+        raise UsageError("give the per-layer compute time: --layer-ms MS or --bench-json FILE (onebit-bench --json)")
     if args.plot is not None:
-        from .plot import PlotUnavailable, require_matplotlib
-        try:
-            require_matplotlib()
-        except PlotUnavailable as e:
-            logger.error("%s", e)
-            return EXIT_USAGE
-    try:
-        trace = Trace.open(args.trace)
-        routing = load_routing(trace)
-        expert_bytes = _expert_bytes(args, routing)
-    except (OSError, TraceError, ModelError) as e:
-        logger.error("%s", e)
-        return EXIT_USAGE
+        from ..cache.plot import require_matplotlib
+
+        require_matplotlib()
+    trace = Trace.open(args.trace)
+    routing = load_routing(trace)
+    expert_bytes = _expert_bytes(args, routing)
     h = trace.header
     layer_ms, cost = args.layer_ms, args.predictor_cost_pct
     if args.bench_json is not None:
-        try:
-            bench_ms, bench_cost = _from_bench(args.bench_json, h.mode_name, h.n_layer)
-        except ValueError as e:
-            logger.error("%s", e)
-            return EXIT_USAGE
+        bench_ms, bench_cost = _from_bench(args.bench_json, h.mode_name, h.n_layer)
         layer_ms = bench_ms if layer_ms is None else layer_ms
         cost = bench_cost if cost is None else cost
     slots = h.n_expert_used if args.slots is None else args.slots
     if slots < h.n_expert_used:
-        logger.error("--slots %d: a layer needs all its n_expert_used (%d) experts resident at once",
-                     slots, h.n_expert_used)
-        return EXIT_USAGE
+        raise UsageError(
+            f"--slots {slots}: a layer needs all its n_expert_used ({h.n_expert_used}) experts resident at once"
+        )
     if not routing.layers:
-        logger.error("%s: no decode rows to simulate", trace.path)
-        return EXIT_USAGE
+        raise UsageError(f"{trace.path}: no decode rows to simulate")
     compute = ComputeModel(layer_ms, args.route_at, cost or 0.0)
     cache = CacheConfig(slots, args.policy, "none", args.lfru_window, cold=args.cold)
     bandwidths = list(args.bandwidth)
     sweep = sorted(set(bandwidths) | set(SIM_PLOT_BANDWIDTHS)) if args.plot is not None else bandwidths
     res = simulate(routing, expert_bytes, cache, compute, sweep, args.latency_us / 1000.0, args.queue_depth)
-    sizes = sorted(set(expert_bytes[l] for l in routing.layers))
+    sizes = sorted(set(expert_bytes[layer] for layer in routing.layers))
     bytes_text = (f"{sizes[0]:.0f} B" if len(sizes) == 1 else f"{sizes[0]:.0f}-{sizes[-1]:.0f} B") + (
-        f" (from {args.model})" if args.model else "")
+        f" (from {args.model})" if args.model else ""
+    )
     if args.json:
         print(_json(trace, res, bandwidths))
     elif args.csv:
@@ -279,17 +370,9 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(_render(trace, res, bandwidths, bytes_text))
     if args.plot is not None:
-        from .plot import plot_simulation
+        from ..cache.plot import plot_simulation
+
         title = f"{h.model or trace.path.name} ({h.mode_name} trace), expert {bytes_text}"
         plot_simulation(res, args.plot, title, bandwidths)
         logger.info("wrote %s", args.plot)
     return EXIT_OK
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``onebit-stats simulate``; return the exit code."""
-    return run_command(PROG, _parser(), _run, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,15 +1,24 @@
-"""onebit-stats: the per-layer hit-rate table of one or more P/A traces.
+"""onebit-stats: the hit rates of P/A traces, and the cache model on them, as one command family.
 
-``onebit-stats TRACE`` prints the header summary and a table per layer with a total line;
-``onebit-stats A B ...`` puts the traces side by side (read recall and slot recall per
-trace, the previous-token baseline once) after checking that their actual routing agrees.
-``--json`` and ``--csv`` write the same numbers to stdout; logs go to stderr.
-``onebit-stats replay ...`` and ``onebit-stats simulate ...`` (a first argument of exactly
-that word) run onebit_predict.cli_replay and onebit_predict.cli_simulate instead.
+``onebit-stats [rates] TRACE [TRACE ...]`` (the default subcommand, ``rates`` may be left
+out) prints the header summary and a table per layer with a total line; several traces go
+side by side (read recall and slot recall per trace, the previous-token baseline once)
+after checking that their actual routing agrees. ``--json`` and ``--csv`` write the same
+numbers to stdout; logs go to stderr.
 
-Exit codes: 0 ok; 1 the consistency control found issues, or the traces' actual routing
-disagrees (without ``--force``); 2 usage or input error (missing file, bad header, bad
-``--layers``).
+``onebit-stats replay TRACE --slots N ...`` (commands/replay.py) and ``onebit-stats simulate
+TRACE ...`` (commands/simulate.py) are the expert-cache replay and the decode-time model.
+
+Which subcommand runs: a first argument ``rates``, ``replay`` or ``simulate`` names it,
+except when a file of that name exists in the current directory and the command line lacks
+the subcommand's required option (``--slots`` for replay, ``--bandwidth`` for simulate;
+rates has none): the first argument is then that trace file, so ``onebit-stats replay``
+reads a trace named ``replay`` and ``onebit-stats replay replay --slots 2`` replays it.
+Any other first argument is a trace (or an option) of ``rates``.
+
+Exit codes (commands/common.py): 0 ok; 1 the consistency control found issues, or the
+traces' actual routing disagrees (without ``--force``); 2 usage or input error (missing
+file, bad header, bad ``--layers``, a stats kernel that cannot be built).
 """
 
 from __future__ import annotations
@@ -22,30 +31,20 @@ import logging
 import math
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from .constants import (
-    EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, SIM_SUBCOMMANDS, STATS_ENGINE_C, STATS_ENGINES,
-)
-from .cli_common import run_command
-from .stats import METRICS, LayerCounts, TraceStats, compare_routing, compute_stats
-from .stats_kernel import StatsKernelError
-from .trace import Trace, TraceError, TraceHeader
+from ..constants import EXIT_CHECK_FAILED, EXIT_OK, STATS_ENGINE_C, STATS_ENGINES
+from ..metrics.stats import METRICS, LayerCounts, TraceStats, compare_routing, compute_stats
+from ..metrics.stats_kernel import StatsKernelError
+from ..trace import Trace, TraceHeader
+from . import replay, simulate
+from .common import check_layers, layers_parent, output_parent, run_command, table, trace_parent
 
 logger = logging.getLogger("onebit_predict")
-
-
-def parse_layers(text: str) -> frozenset[int]:
-    """``1,3-5`` -> {1, 3, 4, 5}; argparse.ArgumentTypeError on anything else."""
-    layers: set[int] = set()
-    for item in text.split(","):
-        lo, sep, hi = item.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise argparse.ArgumentTypeError(f"'{item.strip()}' is not N or A-B")
-        first, last = int(lo), int(hi) if sep else int(lo)
-        if first > last:
-            raise argparse.ArgumentTypeError(f"'{item.strip()}' is a reversed range")
-        layers.update(range(first, last + 1))
-    return frozenset(layers)
+PROG = "onebit-stats"
+DEFAULT = "rates"
+# subcommand -> the option it cannot run without (None: none), for the rule in the docstring
+SUBCOMMANDS: dict[str, str | None] = {DEFAULT: None, "replay": "--slots", "simulate": "--bandwidth"}
 
 
 def _fmt(value: int | float | None, kind: str) -> str:
@@ -58,7 +57,7 @@ def _columns(h: TraceHeader) -> list[tuple[str, str, str]]:
     """(metric, title, kind) of the single-trace table."""
     return [
         ("tokens", "tokens", "int"),
-        ("slot_recall_used", f"slot@{h.n_expert_used}%", "pct"),
+        ("slot_recall_used", f"slot@{min(h.n_expert_used, h.depth)}%", "pct"),  # recall at min(n_used, depth)
         ("slot_recall_depth", f"slot@{h.depth}%", "pct"),
         ("read_recall", "read%", "pct"),
         ("precision", "prec%", "pct"),
@@ -70,11 +69,6 @@ def _columns(h: TraceHeader) -> list[tuple[str, str, str]]:
         ("baseline_tokens", "base_tok", "int"),
         ("baseline_recall", "base%", "pct"),
     ]
-
-
-def _table(titles: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in [titles, *rows]) for i in range(len(titles))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [titles, *rows])
 
 
 def _summary(trace: Trace) -> str:
@@ -101,8 +95,10 @@ def _prefetch_summary(h: TraceHeader) -> str:
     t = h.prefetch_totals
     if t is None:
         return line + " | totals unknown (the context was not freed cleanly)"
-    line += (f" | {t.experts} experts, {t.ranges} ranges, {t.bytes} bytes issued"
-             f" | {t.resident_bytes} bytes already resident | {t.dropped_bytes} bytes dropped by the cap")
+    line += (
+        f" | {t.experts} experts, {t.ranges} ranges, {t.bytes} bytes issued"
+        f" | {t.resident_bytes} bytes already resident | {t.dropped_bytes} bytes dropped by the cap"
+    )
     if h.prefetch_name == "read":
         line += f" | {t.touched_bytes} bytes touched | {t.queue_full} ranges not queued"
     errors = ", ".join(f"errno {e} x{n}" for e, n in t.errors)
@@ -111,16 +107,16 @@ def _prefetch_summary(h: TraceHeader) -> str:
 
 def _render_one(trace: Trace, st: TraceStats) -> str:
     cols = _columns(trace.header)
-    rows = [[str(l)] + [_fmt(c.metrics()[m], k) for m, _, k in cols] for l, c in st.layers.items()]
+    rows = [[str(layer)] + [_fmt(c.metrics()[m], k) for m, _, k in cols] for layer, c in st.layers.items()]
     rows.append(["total"] + [_fmt(st.total.metrics()[m], k) for m, _, k in cols])
-    return _summary(trace) + "\n\n" + _table(["layer"] + [t for _, t, _ in cols], rows)
+    return _summary(trace) + "\n\n" + table(["layer"] + [t for _, t, _ in cols], rows)
 
 
 def _render_side_by_side(traces: list[Trace], stats: list[TraceStats]) -> str:
     legend = "\n".join(f"[{i}] {_summary(t)}" for i, t in enumerate(traces, 1))
     titles = ["layer"]
     for i, t in enumerate(traces, 1):
-        titles += [f"read%[{i}]", f"slot@{t.header.n_expert_used}%[{i}]"]
+        titles += [f"read%[{i}]", f"slot@{min(t.header.n_expert_used, t.header.depth)}%[{i}]"]
     titles.append("base%")
 
     def cells(counts: list[LayerCounts | None]) -> list[str]:
@@ -132,9 +128,9 @@ def _render_side_by_side(traces: list[Trace], stats: list[TraceStats]) -> str:
         return out + [_fmt(first.get("baseline_recall"), "pct")]
 
     layers = sorted(set().union(*(st.layers for st in stats)))
-    rows = [[str(l)] + cells([st.layers.get(l) for st in stats]) for l in layers]
+    rows = [[str(layer)] + cells([st.layers.get(layer) for st in stats]) for layer in layers]
     rows.append(["total"] + cells([st.total for st in stats]))
-    return legend + "\n\n" + _table(titles, rows)
+    return legend + "\n\n" + table(titles, rows)
 
 
 def _header_dict(h: TraceHeader) -> dict:
@@ -159,8 +155,8 @@ def _json(traces: list[Trace], stats: list[TraceStats], differences: list[str]) 
             "dropped_bytes": t.dropped_bytes,
             "header": _header_dict(t.header),
             "layers": [
-                {"layer": l, "predicted": l in t.header.layer_mask, "records": c.records, **c.metrics()}
-                for l, c in st.layers.items()
+                {"layer": layer, "predicted": layer in t.header.layer_mask, "records": c.records, **c.metrics()}
+                for layer, c in st.layers.items()
             ],
             "total": {"records": st.total.records, **st.total.metrics()},
             "issues": list(st.issues),
@@ -174,48 +170,31 @@ def _csv(traces: list[Trace], stats: list[TraceStats]) -> None:
     w = csv.writer(sys.stdout, lineterminator="\n")
     w.writerow(["trace", "layer", "predicted", "records", *METRICS])
     for t, st in zip(traces, stats):
-        rows = [(l, int(l in t.header.layer_mask), c) for l, c in st.layers.items()]
+        rows = [(layer, int(layer in t.header.layer_mask), c) for layer, c in st.layers.items()]
         for layer, predicted, c in [*rows, ("total", "", st.total)]:
             w.writerow([t.path, layer, predicted, c.records, *("" if v is None else v for v in c.metrics().values())])
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="onebit-stats",
-        description="Per-layer hit rates of P/A traces (docs/trace-format.md), with a consistency control. "
-                    "Subcommands: 'onebit-stats replay TRACE --slots N ...' (expert-cache hit rates) and "
-                    "'onebit-stats simulate TRACE ...' (decode-time model, docs/cost-model.md), see their --help; "
-                    "a trace file named replay or simulate is given as ./replay.",
-        epilog="exit codes: 0 ok, 1 consistency check failed, 2 usage or input error",
-    )
-    p.add_argument("traces", nargs="+", metavar="TRACE", help="trace files written with ONEBIT_MOE_PREDICT_OUT")
-    out = p.add_mutually_exclusive_group()
-    out.add_argument("--json", action="store_true", help="write JSON to stdout")
-    out.add_argument("--csv", action="store_true", help="write CSV to stdout")
-    p.add_argument("--layers", type=parse_layers, metavar="LIST", help="only these layers, e.g. 1,3-5")
+def _rates_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``onebit-stats rates`` (TRACE..., --layers, --json/--csv come from the parents)."""
     p.add_argument("--force", action="store_true", help="compare traces whose actual routing disagrees")
-    p.add_argument("--engine", choices=STATS_ENGINES, default=STATS_ENGINE_C,
-                   help="c: the compiled kernel (default, built once with cffi); numpy: the slower reference")
-    return p
+    p.add_argument(
+        "--engine",
+        choices=STATS_ENGINES,
+        default=STATS_ENGINE_C,
+        help="c: the compiled kernel (default, built once with cffi); numpy: the slower reference",
+    )
 
 
-def _run(args: argparse.Namespace) -> int:
-    try:
-        traces = [Trace.open(path) for path in args.traces]
-    except (OSError, TraceError) as e:
-        logger.error("%s", e)
-        return EXIT_USAGE
-    if args.layers is not None:
-        for t in traces:
-            beyond = sorted(l for l in args.layers if l >= t.header.n_layer)
-            if beyond:
-                logger.error("--layers %s: %s has layers 0..%d", beyond, t.path, t.header.n_layer - 1)
-                return EXIT_USAGE
+def rates(args: argparse.Namespace) -> int:
+    """``onebit-stats [rates]``: the per-layer hit-rate table of one or more traces."""
+    traces = [Trace.open(path) for path in args.traces]
+    for t in traces:
+        check_layers(args.layers, t.header.n_layer, t.path)
     try:
         stats = [compute_stats(t, engine=args.engine) for t in traces]
     except StatsKernelError as e:
-        logger.error("%s (--engine numpy needs no compiler)", e)
-        return EXIT_USAGE
+        raise StatsKernelError(f"{e} (--engine numpy needs no compiler)") from e
     if args.layers is not None:
         stats = [st.select(args.layers) for st in stats]
 
@@ -242,21 +221,66 @@ def _run(args: argparse.Namespace) -> int:
     return rc
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``onebit-stats``; return the exit code.
+def build_parser() -> argparse.ArgumentParser:
+    """``onebit-stats {rates,replay,simulate}``: one parser, a function per subcommand (``func``)."""
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Per-layer hit rates of P/A traces (docs/trace-format.md), with a consistency control, and the "
+        "expert-cache model on them (docs/cost-model.md). 'onebit-stats TRACE ...' is 'onebit-stats "
+        "rates TRACE ...'; a trace file named like a subcommand is read as a trace unless the "
+        "subcommand's required option is given.",
+        epilog="exit codes: 0 ok, 1 consistency check failed, 2 usage or input error",
+    )
+    sub = p.add_subparsers(dest="command", metavar="{rates,replay,simulate}", required=True)
+    sp = sub.add_parser(
+        DEFAULT,
+        prog=PROG,
+        parents=[trace_parent(many=True), output_parent(), layers_parent()],
+        help="per-layer hit rates of one or more traces (the default)",
+        description="Per-layer hit rates of P/A traces (docs/trace-format.md), with a consistency control.",
+        epilog="exit codes: 0 ok, 1 consistency check failed, 2 usage or input error",
+    )
+    _rates_options(sp)
+    sp.set_defaults(func=rates)
+    sp = sub.add_parser(
+        "replay",
+        parents=[trace_parent(), output_parent(), layers_parent()],
+        help="expert-cache hit rates with N slots per layer",
+        description=replay.DESCRIPTION,
+        epilog=replay.EPILOG,
+    )
+    replay.configure(sp)
+    sp.set_defaults(func=replay.run)
+    sp = sub.add_parser(
+        "simulate",
+        parents=[trace_parent(), output_parent()],
+        help="decode-time model of a streamed expert pipeline",
+        description=simulate.DESCRIPTION,
+        epilog=simulate.EPILOG,
+    )
+    simulate.configure(sp)
+    sp.set_defaults(func=simulate.run)
+    return p
 
-    A first argument of exactly ``replay`` or ``simulate`` runs that subcommand
-    (onebit_predict.cli_replay, onebit_predict.cli_simulate); a trace file of that name is
-    given as ``./replay``.
-    """
-    args_in = sys.argv[1:] if argv is None else list(argv)
-    if args_in and args_in[0] in SIM_SUBCOMMANDS:
-        if args_in[0] == "replay":
-            from .cli_replay import main as sub_main
-        else:
-            from .cli_simulate import main as sub_main
-        return sub_main(args_in[1:])
-    return run_command("onebit-stats", _parser(), _run, args_in)
+
+def with_subcommand(argv: Sequence[str]) -> list[str]:
+    """argv with its subcommand first: the rule of the module docstring."""
+    argv = list(argv)
+    if argv and argv[0] in ("-h", "--help"):
+        return argv
+    if argv and argv[0] in SUBCOMMANDS:
+        required = SUBCOMMANDS[argv[0]]
+        given = required is not None and any(a == required or a.startswith(required + "=") for a in argv[1:])
+        if given or not Path(argv[0]).is_file():
+            return argv
+    return [DEFAULT, *argv]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``onebit-stats``; return the exit code."""
+    args_in = with_subcommand(sys.argv[1:] if argv is None else argv)
+    prog = PROG if args_in[:1] in ([DEFAULT], ["-h"], ["--help"]) else f"{PROG} {args_in[0]}"
+    return run_command(prog, build_parser(), lambda args: args.func(args), args_in)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .expert_bytes import EXPERT_TENSOR
+from ..cache.expert_bytes import EXPERT_TENSOR
 
 MADV_RANDOM = 1
 MADV_DONTNEED = 4
@@ -191,6 +191,12 @@ class ExpertPages:
             if left <= EVICTED_ENOUGH:
                 return method, notes
         fstype = filesystem_type(self.path)
-        hint = (f" ({self.path} is on {fstype}, whose pages live in memory and cannot be evicted: put the model on a"
-                " disk-backed filesystem)") if fstype in MEMORY_FILESYSTEMS else ""
+        hint = (
+            (
+                f" ({self.path} is on {fstype}, whose pages live in memory and cannot be evicted: put the model on a"
+                " disk-backed filesystem)"
+            )
+            if fstype in MEMORY_FILESYSTEMS
+            else ""
+        )
         raise EvictError("no eviction method works here: " + "; ".join(notes) + hint)

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # onebit_predict/llama/paths.py -> the checkout
 CURRENT_ENV = REPO_ROOT / "build" / "current.env"
 
 
@@ -21,9 +21,9 @@ class NotBuiltError(RuntimeError):
 
 
 class BuildInfo(NamedTuple):
-    tree: Path       # the patched llama.cpp source tree (a git work tree)
+    tree: Path  # the patched llama.cpp source tree (a git work tree)
     build_dir: Path  # its CMake build directory
-    lib_dir: Path    # the directory holding libllama.so
+    lib_dir: Path  # the directory holding libllama.so
 
 
 def _read_env_file(path: Path) -> dict[str, str]:

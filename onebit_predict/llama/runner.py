@@ -153,7 +153,9 @@ class Context:
         self.model = model
         self.settings = settings
 
-    def decode(self, tokens: Sequence[int], pos: Sequence[int], seq: Sequence[int], want: Sequence[bool]) -> list[bytes]:
+    def decode(
+        self, tokens: Sequence[int], pos: Sequence[int], seq: Sequence[int], want: Sequence[bool]
+    ) -> list[bytes]:
         """Decode one batch; return each wanted row's logits (n_vocab float32, as bytes)."""
         lib = llama()
         n = len(tokens)

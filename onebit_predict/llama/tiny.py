@@ -1,4 +1,4 @@
-"""Tiny random MoE models for checks: the ``onebit-tiny`` command.
+"""Tiny random MoE models for checks (the ``onebit-tiny`` command: onebit_predict.commands.tiny).
 
 The GGUF is written by the patched build's ``onebit-tiny-gguf`` tool, from the
 architecture's own tensor list in llama.cpp (``llama_model_saver``), so it always matches
@@ -8,12 +8,9 @@ these models are for bit-identity and plumbing checks, never for hit-rate figure
 
 from __future__ import annotations
 
-import argparse
 import subprocess
-import sys
 from pathlib import Path
 
-from .constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from .paths import NotBuiltError, build_info
 
 TINY_ARCHS = ("qwen3moe", "olmoe", "qwen3next", "qwen35moe", "qwen4exp")
@@ -38,25 +35,3 @@ def write_tiny_model(arch: str, out: Path, seed: int = 1234) -> Path:
     if proc.returncode != 0 or not out.is_file():
         raise TinyModelError(f"{TINY_TOOL} {arch} failed ({proc.returncode}): {proc.stderr.strip()[-400:]}")
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="onebit-tiny", description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", required=True, choices=TINY_ARCHS)
-    parser.add_argument("--out", required=True, type=Path, help="the GGUF to write")
-    parser.add_argument("--seed", type=int, default=1234)
-    args = parser.parse_args(argv)
-    try:
-        write_tiny_model(args.arch, args.out, args.seed)
-    except ValueError as exc:
-        print(f"onebit-tiny: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (NotBuiltError, TinyModelError) as exc:
-        print(f"onebit-tiny: {exc}", file=sys.stderr)
-        return EXIT_CHECK_FAILED
-    print(f"onebit-tiny: wrote {args.out} ({args.arch}, seed {args.seed}, random weights)", file=sys.stderr)
-    return EXIT_OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,7 @@ from typing import Any
 
 import cffi
 
-from .constants import CACHE_DIR_DEFAULT, ENV_CACHE
+from ..constants import CACHE_DIR_DEFAULT, ENV_CACHE
 
 
 class CffiBuildError(RuntimeError):
@@ -67,8 +67,12 @@ def load_cffi_module(
         ffi = cffi.FFI()
         ffi.cdef(cdef)
         ffi.set_source(
-            name, source, sources=[str(p) for p in sources], source_extension=source_extension,
-            include_dirs=[str(p) for p in include_dirs], extra_compile_args=list(compile_args),
+            name,
+            source,
+            sources=[str(p) for p in sources],
+            source_extension=source_extension,
+            include_dirs=[str(p) for p in include_dirs],
+            extra_compile_args=list(compile_args),
         )
         module_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=module_dir) as tmp:

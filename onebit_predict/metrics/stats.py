@@ -7,13 +7,18 @@ candidates read: slot recall@k = |A ∩ P[:k]| / |A| (k = n_expert_used, depth),
 / weight of A, previous-token baseline = |A ∩ A_prev| / |A| with A_prev the same layer's A
 at pos - 1 of the same sequence.
 
-- which rows are scored: DECODE rows (flag bit 1) of layers 1..n_layer-1 (layer 0 has no
-  predictor and is never scored) that are not the first token of their sequence. A row is the first token when the latest earlier record
-  of the same (seq_id, layer) -- latest by (step, pos) -- is not at pos - 1, or does not
-  exist. So pos 0 is always a first token, and so is a sequence restarted or shifted
-  under a reused seq_id. The same rows are scored for the previous-token baseline (every
-  layer that has records, predicted or not) and, when PREDICTED, for the prediction metrics, so both compare the same
-  tokens. Prefill rows are never scored but do provide the previous token.
+- which rows are scored: DECODE rows (flag bit 1: the row's sequence had one token in the
+  whole llama_decode batch) that are not the first token of their sequence. A row is the
+  first token when the latest earlier record of the same (seq_id, layer) -- latest by (step,
+  pos) -- is not at pos - 1, or does not exist. So pos 0 is always a first token, and so is a
+  sequence restarted, shifted or restored under a reused seq_id. Those rows are scored for the
+  previous-token baseline in every layer that has records, layer 0 included; the PREDICTED
+  ones among them for the prediction metrics (layer 0 is never predicted). Prefill rows are
+  never scored but do provide the previous token. The native table (ONEBIT_MOE_PREDICT_STATS)
+  scores the same rows (tests/test_stats_native.py holds them to it).
+- the total: the sum over the predicted layers (the header's layer mask), for the baseline as
+  for the prediction metrics, so the total row compares the same tokens; the baseline of
+  layer 0 and of unpredicted layers is in their own rows only.
 - every ratio is micro-averaged: a sum over rows divided by a sum over rows (total hits /
   total actual slots), never a mean of per-row ratios. Totals are the same sums over layers.
 - a ratio whose denominator is zero is ``None`` (printed ``-``): nothing was scored.
@@ -32,18 +37,23 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from itertools import count
 
 import numpy as np
 
-from .constants import (
-    MODE_OFF, STATS_ENGINE_C, STATS_ENGINE_NUMPY, STATS_ENGINES, TRACE_CHUNK_RECORDS, TRACE_FLAG_DECODE,
+from ..constants import (
+    MODE_OFF,
+    STATS_ENGINE_C,
+    STATS_ENGINE_NUMPY,
+    STATS_ENGINES,
+    TRACE_CHUNK_RECORDS,
+    TRACE_FLAG_DECODE,
     TRACE_FLAG_PREDICTED,
 )
-from .policy import n_read_rows
+from ..policy import n_read_rows
+from ..trace import Trace, TraceHeader
 from .stats_kernel import FLOAT_COUNTERS, INT_COUNTERS, ISSUE_COUNTERS, StatsKernel
-from .trace import Trace, TraceHeader
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -107,12 +117,17 @@ class TraceStats:
 
     @property
     def total(self) -> LayerCounts:
-        return sum(self.layers.values(), LayerCounts())
+        """The sum over the predicted layers (the header's layer mask) among ``layers``: the
+        baseline and the prediction metrics over the same tokens (``records`` counts every
+        layer's records)."""
+        mask = self.header.layer_mask
+        total = sum((c for layer, c in self.layers.items() if layer in mask), LayerCounts())
+        return replace(total, records=sum(c.records for c in self.layers.values()))  # records: every layer's
 
     def select(self, layers: Iterable[int]) -> TraceStats:
         """The same stats restricted to ``layers`` (the total follows; the issues stay)."""
         keep = set(layers)
-        return TraceStats(self.header, {l: c for l, c in self.layers.items() if l in keep}, self.issues)
+        return TraceStats(self.header, {layer: c for layer, c in self.layers.items() if layer in keep}, self.issues)
 
 
 def _rank(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -165,12 +180,14 @@ def _header_issues(h: TraceHeader) -> list[str]:
     issues = []
     if 0 in h.layer_mask:
         issues.append("the header's layer mask includes layer 0, which has no layer before it")
-    beyond = sorted(l for l in h.layer_mask if l >= h.n_layer)
+    beyond = sorted(layer for layer in h.layer_mask if layer >= h.n_layer)
     if beyond:
         issues.append(f"the header's layer mask includes layers {beyond} >= n_layer ({h.n_layer})")
     expected = min(h.depth_requested, h.n_expert) if h.depth_requested > 0 else h.n_expert_used
     if h.depth != expected:
-        issues.append(f"header depth {h.depth} does not follow depth_requested {h.depth_requested} (expected {expected})")
+        issues.append(
+            f"header depth {h.depth} does not follow depth_requested {h.depth_requested} (expected {expected})"
+        )
     return issues
 
 
@@ -193,8 +210,9 @@ def _check(h: TraceHeader, rec: dict[str, np.ndarray], found: Counter[str], pred
     found["pred_n_read"] += int((n_read[predicted] != n_read_rows(pl, h.margin, h.min_read)).sum())
 
 
-def _score(h: TraceHeader, rec: dict[str, np.ndarray], last: dict[str, np.ndarray],
-           sums: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _score(
+    h: TraceHeader, rec: dict[str, np.ndarray], last: dict[str, np.ndarray], sums: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
     """Add one chunk's scored rows to ``sums``; return the new last record of each (seq, layer).
 
     ``last`` holds the keys and actual ids of the previous chunks' last record of each
@@ -218,7 +236,7 @@ def _score(h: TraceHeader, rec: dict[str, np.ndarray], last: dict[str, np.ndarra
     row = order[at] - n_last  # their index in the chunk; < 0: a carried record, scored already
     ok = row >= 0
     at, row = at[ok], row[ok]
-    ok = ((rec["flags"][row] & TRACE_FLAG_DECODE) != 0) & (rec["layer"][row] != 0)
+    ok = (rec["flags"][row] & TRACE_FLAG_DECODE) != 0
     at, row = at[ok], row[ok]
     layer, a, flags = rec["layer"][row], rec["actual_ids"][row], rec["flags"][row]
 
@@ -251,8 +269,9 @@ def _score(h: TraceHeader, rec: dict[str, np.ndarray], last: dict[str, np.ndarra
     return {**{k: key[k][keep] for k in _KEYS}, "actual_ids": actual[keep]}
 
 
-def _sums_numpy(trace: Trace, records_per_chunk: int, predictable: np.ndarray,
-                found: Counter[str]) -> dict[str, np.ndarray]:
+def _sums_numpy(
+    trace: Trace, records_per_chunk: int, predictable: np.ndarray, found: Counter[str]
+) -> dict[str, np.ndarray]:
     """The numpy engine: per-layer sums of every LayerCounts field; the control into ``found``."""
     h = trace.header
     sums = {f.name: np.zeros(h.n_layer) for f in fields(LayerCounts)}
@@ -268,8 +287,9 @@ def _sums_numpy(trace: Trace, records_per_chunk: int, predictable: np.ndarray,
     return sums
 
 
-def _sums_c(trace: Trace, records_per_chunk: int, predictable: np.ndarray,
-            found: Counter[str]) -> dict[str, np.ndarray]:
+def _sums_c(
+    trace: Trace, records_per_chunk: int, predictable: np.ndarray, found: Counter[str]
+) -> dict[str, np.ndarray]:
     """The compiled engine: the same sums, each chunk scored by the kernel straight from its bytes."""
     kernel = StatsKernel(trace.header, predictable)
     for chunk in trace.iter_chunks(records_per_chunk):
@@ -278,8 +298,9 @@ def _sums_c(trace: Trace, records_per_chunk: int, predictable: np.ndarray,
     return {**dict(zip(INT_COUNTERS, kernel.ints)), **dict(zip(FLOAT_COUNTERS, kernel.floats))}
 
 
-def compute_stats(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS,
-                  engine: str = STATS_ENGINE_C) -> TraceStats:
+def compute_stats(
+    trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS, engine: str = STATS_ENGINE_C
+) -> TraceStats:
     """Score every layer of ``trace`` and run the control, reading ``records_per_chunk`` at a time.
 
     ``engine``: ``"c"`` (the compiled kernel; StatsKernelError if it cannot be built) or
@@ -293,17 +314,23 @@ def compute_stats(trace: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS,
     predictable = np.zeros(1 << 16, dtype=bool)  # by layer (u16): in the header's layer mask
     predictable[sorted(h.layer_mask)] = True
     sums = (_sums_numpy if engine == STATS_ENGINE_NUMPY else _sums_c)(trace, records_per_chunk, predictable, found)
-    shown = sorted({int(l) for l in np.flatnonzero(sums["records"])} | {l for l in h.layer_mask if l < h.n_layer})
+    shown = sorted(
+        {int(layer) for layer in np.flatnonzero(sums["records"])}
+        | {layer for layer in h.layer_mask if layer < h.n_layer}
+    )
     layers = {
-        l: LayerCounts(**{n: float(sums[n][l]) if n.startswith("mass") else int(round(sums[n][l])) for n in names})
-        for l in shown
+        layer: LayerCounts(
+            **{n: float(sums[n][layer]) if n.startswith("mass") else int(round(sums[n][layer])) for n in names}
+        )
+        for layer in shown
     }
     issues = _header_issues(h) + [f"{found[k]} " + text.format(h=h) for k, text in _ISSUES.items() if found[k]]
     return TraceStats(h, layers, tuple(issues))
 
 
-def compare_routing(a: Trace, b: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS,
-                    max_examples: int = 5) -> list[str]:
+def compare_routing(
+    a: Trace, b: Trace, records_per_chunk: int = TRACE_CHUNK_RECORDS, max_examples: int = 5
+) -> list[str]:
     """What differs between the actual routing of two traces of the same tokens (empty: they agree).
 
     Records are compared in file order: (seq_id, pos, layer) and the set of actual ids.
@@ -323,7 +350,9 @@ def compare_routing(a: Trace, b: Trace, records_per_chunk: int = TRACE_CHUNK_REC
         m = min(len(ca), len(cb))
         ca, cb = ca[:m], cb[:m]
         differ = (
-            (ca["seq_id"] != cb["seq_id"]) | (ca["pos"] != cb["pos"]) | (ca["layer"] != cb["layer"])
+            (ca["seq_id"] != cb["seq_id"])
+            | (ca["pos"] != cb["pos"])
+            | (ca["layer"] != cb["layer"])
             | (np.sort(ca["actual_ids"], axis=1) != np.sort(cb["actual_ids"], axis=1)).any(axis=1)
         )
         n_differ += int(differ.sum())

@@ -440,7 +440,7 @@ int obs_chunk(obs_state *s, const uint8_t *buf, int64_t n) {
         if (layer >= n_layer) continue;
         s->ints[OBS_C_RECORDS * n_layer + layer]++;
         const int32_t pv = s->row_prev[i];
-        if (pv == PREV_NONE || !(flags & OBS_FLAG_DECODE) || layer == 0) continue;
+        if (pv == PREV_NONE || !(flags & OBS_FLAG_DECODE)) continue;
         int32_t ppos;
         const int32_t *prev_actual_c = NULL; /* the carried record's ids (native) */
         const uint8_t *prev_actual_r = NULL; /* or a chunk row's (trace bytes) */

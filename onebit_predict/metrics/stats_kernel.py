@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from ..constants import MODE_OFF
+from ..trace import TraceHeader
 from .cffi_build import CffiBuildError, load_cffi_module
-from .constants import MODE_OFF
-from .trace import TraceHeader
 
 MODULE = "_onebit_stats_kernel"
 SOURCE = Path(__file__).with_name("stats_kernel.c")
@@ -37,12 +37,36 @@ void obs_free(obs_state *s);
 """
 
 # the counters' order in the C arrays (OBS_C_*, OBS_F_*): LayerCounts' fields, split by type
-INT_COUNTERS = ("records", "tokens", "actual", "hits_used", "hits_depth", "hits_read", "read", "gated", "exact",
-                "base_tokens", "base_actual", "base_hits")
+INT_COUNTERS = (
+    "records",
+    "tokens",
+    "actual",
+    "hits_used",
+    "hits_depth",
+    "hits_read",
+    "read",
+    "gated",
+    "exact",
+    "base_tokens",
+    "base_actual",
+    "base_hits",
+)
 FLOAT_COUNTERS = ("mass_hit", "mass")
 # the control's counters (OBS_I_*), in stats._ISSUES' order
-ISSUE_COUNTERS = ("layer_range", "actual_range", "actual_dup", "actual_w", "n_read_depth", "unpredicted",
-                  "pred_mode_off", "pred_mask", "pred_range", "pred_dup", "pred_unranked", "pred_n_read")
+ISSUE_COUNTERS = (
+    "layer_range",
+    "actual_range",
+    "actual_dup",
+    "actual_w",
+    "n_read_depth",
+    "unpredicted",
+    "pred_mode_off",
+    "pred_mask",
+    "pred_range",
+    "pred_dup",
+    "pred_unranked",
+    "pred_n_read",
+)
 
 
 class StatsKernelError(RuntimeError):
@@ -83,9 +107,17 @@ class StatsKernel:
             raise ValueError(f"predictable has shape {mask.shape}, not ({self._lib.OBS_N_LAYER_IDS},)")
         ffi = self._ffi
         state = self._lib.obs_new(
-            h.n_layer, h.n_expert, h.n_expert_used, h.depth, h.margin, h.min_read, int(h.mode == MODE_OFF),
-            ffi.from_buffer("uint8_t[]", mask), ffi.from_buffer("int64_t[]", self.ints),
-            ffi.from_buffer("double[]", self.floats), ffi.from_buffer("int64_t[]", self.issues),
+            h.n_layer,
+            h.n_expert,
+            h.n_expert_used,
+            h.depth,
+            h.margin,
+            h.min_read,
+            int(h.mode == MODE_OFF),
+            ffi.from_buffer("uint8_t[]", mask),
+            ffi.from_buffer("int64_t[]", self.ints),
+            ffi.from_buffer("double[]", self.floats),
+            ffi.from_buffer("int64_t[]", self.issues),
         )
         if state == ffi.NULL:
             raise MemoryError("onebit-stats kernel: no memory for its state")

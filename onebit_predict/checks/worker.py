@@ -1,0 +1,91 @@
+"""One timed run of a benchmark configuration, in the worker process (checks/rounds.py).
+
+A prefill, then ``generate`` single-token decodes, timed one by one; with ``cold_method``,
+the expert pages are evicted before every decode (untimed). The worker is started as
+``python -m onebit_predict.commands.bench --worker`` with the patched or the unpatched
+libllama in ``LLAMA_CPP_LIB_PATH``, and prints :func:`run_worker`'s dict as a JSON line.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import time
+from contextlib import redirect_stderr
+from dataclasses import dataclass
+from pathlib import Path
+
+COMPUTE_BUFFER = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
+EVICT_SETTLE_S = 0.02  # --cold: untimed wait before each eviction, for asynchronous readahead to finish
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    model: Path
+    env: dict[str, str]  # the configuration's ONEBIT_* environment
+    prompt: int = 32
+    generate: int = 64
+    threads: int = 2
+    text_file: Path | None = None
+    cold_method: str | None = None
+
+
+def detect_eviction(model: Path) -> dict:
+    """``{"method", "notes", "expert_bytes"}``: the eviction method that works here, with the model mapped."""
+    from ..llama.evict import ExpertPages
+    from ..llama.runner import Model
+
+    with Model(model) as _:
+        pages = ExpertPages(model)
+        pages.random_access()
+        method, notes = pages.detect()
+        return {"method": method, "notes": notes, "expert_bytes": pages.nbytes}
+
+
+def run_worker(opts: WorkerOptions) -> dict:
+    """``{"tok_s", "compute_mib", "n_layer", "resident_after_evict"}`` of one run in this process."""
+    os.environ["ONEBIT_VERBOSE"] = "1"  # the compute-buffer line is an info log
+    from ..llama.runner import Context, ContextSettings, Model, builtin_tokens
+
+    captured = io.StringIO()
+    with Model(opts.model) as model:
+        pages = None
+        if opts.cold_method:
+            from ..llama.evict import ExpertPages
+
+            pages = ExpertPages(opts.model)
+            pages.random_access()
+        n_toks = opts.prompt + opts.generate
+        if opts.text_file:  # byte-level models: a byte is its own token id
+            toks = list(opts.text_file.read_bytes()[:n_toks])
+        else:
+            toks = builtin_tokens(n_toks, model.n_vocab, 0)
+        settings = ContextSettings(
+            n_ctx=opts.prompt + opts.generate + 8, n_batch=opts.prompt, n_ubatch=opts.prompt, n_threads=opts.threads
+        )
+        with redirect_stderr(captured):
+            ctx = Context(model, settings, opts.env)
+        with ctx:
+            n = opts.prompt
+            ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
+            elapsed = 0.0
+            left = 0.0 if pages is not None else None
+            for i in range(opts.generate):
+                if pages is not None:
+                    # reads still in flight (madvise readahead) land before the eviction, not after it
+                    time.sleep(EVICT_SETTLE_S)
+                    pages.evict(opts.cold_method)
+                    left = max(left, pages.resident_fraction())
+                t0 = time.perf_counter()
+                ctx.decode([toks[n + i]], [n + i], [0], [True])
+                elapsed += time.perf_counter() - t0
+            if pages is not None:
+                pages.close()
+    mib = sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(captured.getvalue()))
+    return {
+        "tok_s": opts.generate / elapsed,
+        "compute_mib": mib,
+        "n_layer": model.n_layer,
+        "resident_after_evict": left,
+    }

@@ -1,0 +1,189 @@
+"""``onebit-bench MODEL.gguf [--cold]``: what the predictor costs, side by side (checks/bench.py).
+
+``--cold`` measures the prefetch consumer with the expert pages evicted before every token
+(checks/bench_cold.py). ``--worker`` (hidden) is the process each configuration runs in
+(checks/worker.py).
+
+Exit codes: 0 ok, 1 a run failed, 2 usage or input error (commands/common.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from ..checks.bench import configs, markdown, measure
+from ..checks.bench_cold import cold_configs, detect_eviction, markdown_cold, measure_cold
+from ..checks.rounds import BenchOptions
+from ..checks.worker import WorkerOptions, run_worker
+from ..constants import EXIT_OK
+from ..llama.paths import build_info, pristine_lib_dir
+from .common import EPILOG, UsageError, model_parent, output_parent, require_file, run_command
+
+logger = logging.getLogger("onebit_predict")
+PROG = "onebit-bench"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description=__doc__.splitlines()[0],
+        epilog=EPILOG,
+        parents=[model_parent(), output_parent(csv=False)],
+    )
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds (odd, for a clean median)")
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--generate", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--layers", default="1-2", help="the _LAYERS subset of the last configuration")
+    p.add_argument(
+        "--text-file",
+        type=Path,
+        help="feed this file's bytes as token ids (byte-level models) instead of the built-in stream",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="evict the expert pages before every decoded token and compare the prefetch consumer's modes",
+    )
+    p.add_argument(
+        "--evict-method",
+        choices=("auto", "pageout", "dontneed"),
+        default="auto",
+        help="--cold: how to evict (auto: the first that works on this machine)",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--detect", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--cold-method", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--env", default="{}", help=argparse.SUPPRESS)
+    return p
+
+
+def _worker(args: argparse.Namespace) -> int:
+    if args.detect:
+        from ..checks.worker import detect_eviction as detect_here
+
+        print(json.dumps(detect_here(args.model)))
+        return EXIT_OK
+    opts = WorkerOptions(
+        args.model, json.loads(args.env), args.prompt, args.generate, args.threads, args.text_file, args.cold_method
+    )
+    print(json.dumps(run_worker(opts)))
+    return EXIT_OK
+
+
+def _options(args: argparse.Namespace) -> BenchOptions:
+    if args.rounds < 1 or args.prompt < 1 or args.generate < 1 or args.threads < 1:
+        raise UsageError("--rounds, --prompt, --generate and --threads must be at least 1")
+    if args.text_file and (not args.text_file.is_file() or args.text_file.stat().st_size < args.prompt + args.generate):
+        raise UsageError(
+            f"--text-file {args.text_file} must exist and hold at least --prompt + --generate "
+            f"({args.prompt + args.generate}) bytes"
+        )
+    return BenchOptions(args.rounds, args.prompt, args.generate, args.threads, args.text_file)
+
+
+def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
+    from ..llama.drive import measure_drive
+
+    method, notes, expert_bytes = detect_eviction(args.model, lib)
+    drive = measure_drive(args.model.resolve().parent)
+    logger.info(
+        "drive under %s: %.0f MB/s sequential, %.0f us per random 4 KiB read",
+        drive.directory,
+        drive.bandwidth_mb_s,
+        drive.page_read_us,
+    )
+    for note in notes:
+        logger.info("eviction %s", note)
+    if args.evict_method != "auto":
+        method = args.evict_method
+    opts = replace(opts, cold_method=method)
+    with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
+        rows = measure_cold(args.model, cold_configs(Path(tmp)), lib, opts)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": str(args.model),
+                    "cold": True,
+                    "evict_method": method,
+                    "eviction_notes": notes,
+                    "expert_bytes": expert_bytes,
+                    "drive": asdict(drive),
+                    "rounds": opts.rounds,
+                    "prompt": opts.prompt,
+                    "generate": opts.generate,
+                    "threads": opts.threads,
+                    "rows": [asdict(r) for r in rows],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(
+            markdown_cold(
+                rows,
+                f"model {args.model.name}, experts evicted before every token ({method}; "
+                f"{expert_bytes / 2**20:.2f} MiB of expert weights), {opts.rounds} alternating "
+                f"rounds, prompt {opts.prompt}, {opts.generate} decoded tokens, "
+                f"{opts.threads} threads; drive {drive.bandwidth_mb_s:.0f} MB/s sequential, "
+                f"{drive.page_read_us:.0f} us per random 4 KiB read",
+            )
+        )
+    return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
+    require_file(args.model)
+    if args.worker:
+        return _worker(args)
+    opts = _options(args)
+    info = build_info()
+    if args.cold:
+        return _cold(args, opts, info.lib_dir)
+    pristine = pristine_lib_dir()
+    with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
+        cfgs = configs(Path(tmp), args.layers)
+        if pristine is None:
+            logger.info("no unpatched build (run ./build.sh pristine); its row is left out")
+            cfgs = [c for c in cfgs if not c.pristine]
+        rows = measure(args.model, cfgs, info.lib_dir, pristine, opts)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": str(args.model),
+                    "rounds": opts.rounds,
+                    "prompt": opts.prompt,
+                    "generate": opts.generate,
+                    "threads": opts.threads,
+                    "rows": [asdict(r) for r in rows],
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(
+            markdown(
+                rows,
+                f"model {args.model.name}, {opts.rounds} alternating rounds, prompt {opts.prompt}, "
+                f"{opts.generate} decoded tokens, {opts.threads} threads",
+            )
+        )
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``onebit-bench``; return the exit code."""
+    return run_command(PROG, _parser(), _run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

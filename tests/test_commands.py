@@ -1,0 +1,171 @@
+"""Every console script goes through one front door (commands/common.py): ``--help`` exits 0,
+a bad flag 2, a missing input file 2 with a message and no traceback; one map from exception
+to exit code."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from onebit_predict.cache.expert_bytes import ModelError
+from onebit_predict.cache.plot import PlotUnavailable
+from onebit_predict.checks.rounds import WorkerError
+from onebit_predict.commands import stats
+from onebit_predict.commands.common import CheckFailed, UsageError, exit_code, run_command
+from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from onebit_predict.llama.drive import DriveError
+from onebit_predict.llama.evict import EvictError
+from onebit_predict.llama.paths import NotBuiltError
+from onebit_predict.llama.runner import RunError
+from onebit_predict.llama.tiny import TinyModelError
+from onebit_predict.metrics.stats_kernel import StatsKernelError
+from onebit_predict.trace import TraceError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def console_scripts() -> dict[str, str]:
+    """``[project.scripts]`` of pyproject.toml: name -> module:function."""
+    section = re.search(
+        r"^\[project\.scripts\].*?\n(.*?)(?:^\[|\Z)", (REPO / "pyproject.toml").read_text(), re.M | re.S
+    )
+    return dict(re.findall(r'^([\w-]+)\s*=\s*"([\w.:]+)"', section.group(1), re.M))
+
+
+SCRIPTS = console_scripts()
+# a command line of each command (and onebit-stats subcommand) whose input file does not exist
+MISSING_INPUT = {
+    "onebit-stats": ["{missing}"],
+    "onebit-stats replay": ["replay", "{missing}", "--slots", "2"],
+    "onebit-stats simulate": [
+        "simulate",
+        "{missing}",
+        "--expert-bytes",
+        "1MB",
+        "--bandwidth",
+        "3GB/s",
+        "--layer-ms",
+        "1",
+    ],  # fmt: skip
+    "onebit-trace": ["{missing}", "--mode", "router", "--out", "{tmp}/t.bin"],
+    "onebit-bitident": ["{missing}"],
+    "onebit-bench": ["{missing}"],
+}
+
+
+def entry(script: str):
+    module, _, function = SCRIPTS[script.split()[0]].partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def test_every_script_is_a_command_module():
+    assert {"onebit-stats", "onebit-trace", "onebit-tiny", "onebit-bitident", "onebit-bench"} <= set(SCRIPTS)
+    assert all(target.startswith("onebit_predict.commands.") for target in SCRIPTS.values())
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS) + ["onebit-stats replay", "onebit-stats simulate"])
+def test_help_exits_0(script, run_cli):
+    sub = script.split()[1:]
+    rc, out, err = run_cli(entry(script), *sub, "--help")
+    assert rc == EXIT_OK and "usage:" in out and err == ""
+    assert "exit codes" in out
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS) + ["onebit-stats replay", "onebit-stats simulate"])
+def test_bad_flag_exits_2(script, run_cli):
+    rc, out, err = run_cli(entry(script), *script.split()[1:], "--no-such-flag")
+    assert rc == EXIT_USAGE and out == ""
+    assert "unrecognized arguments: --no-such-flag" in err or "required" in err
+
+
+@pytest.mark.parametrize("script", sorted(MISSING_INPUT))
+def test_missing_input_exits_2_with_a_message(script, run_cli, tmp_path):
+    args = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in MISSING_INPUT[script]]
+    rc, out, err = run_cli(entry(script), *args)
+    assert rc == EXIT_USAGE and out == ""
+    assert str(tmp_path / "missing") in err and "no such file" in err.lower()
+
+
+@pytest.mark.parametrize("script", sorted({*MISSING_INPUT, "onebit-tiny"} & set(SCRIPTS)))
+def test_console_script_as_a_process(script, tmp_path):
+    """``python -m`` the module of each script: a missing input is exit 2, without a traceback."""
+    module = SCRIPTS[script].partition(":")[0]
+    args = MISSING_INPUT.get(script, ["--arch", "olmoe", "--out", "{tmp}/x.gguf", "--seed", "-1"])
+    args = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in args]
+    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == EXIT_USAGE and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"{script}: ") or done.stderr.startswith("usage:")
+
+
+@pytest.mark.parametrize(
+    "exc, code",
+    [
+        (BrokenPipeError(), EXIT_OK),
+        (CheckFailed("x"), EXIT_CHECK_FAILED),
+        (WorkerError("x"), EXIT_CHECK_FAILED),
+        (TinyModelError("x"), EXIT_CHECK_FAILED),
+        (DriveError("x"), EXIT_CHECK_FAILED),
+        (EvictError("x"), EXIT_CHECK_FAILED),
+        (UsageError("x"), EXIT_USAGE),
+        (NotBuiltError("x"), EXIT_USAGE),
+        (TraceError("x"), EXIT_USAGE),
+        (ModelError("x"), EXIT_USAGE),
+        (RunError("x"), EXIT_USAGE),
+        (StatsKernelError("x"), EXIT_USAGE),
+        (PlotUnavailable("x"), EXIT_USAGE),
+        (FileNotFoundError(2, "No such file or directory", "x"), EXIT_USAGE),
+        (ValueError("x"), EXIT_USAGE),
+        (KeyError("x"), None),  # a bug: no code, the traceback stays
+    ],
+)
+def test_exception_map(exc, code):
+    assert exit_code(exc) == code
+
+
+@pytest.mark.parametrize("exc, code", [(NotBuiltError("run ./build.sh"), EXIT_USAGE), (CheckFailed("x"), 1)])
+def test_run_command_maps_and_logs(exc, code, capsys):
+    def body(_args: argparse.Namespace) -> int:
+        raise exc
+
+    assert run_command("onebit-x", argparse.ArgumentParser(prog="onebit-x"), body, []) == code
+    assert capsys.readouterr().err == f"onebit-x: ERROR: {exc}\n"
+
+
+def test_run_command_keeps_the_traceback_of_a_bug():
+    def body(_args: argparse.Namespace) -> int:
+        raise KeyError("bug")
+
+    with pytest.raises(KeyError):
+        run_command("onebit-x", argparse.ArgumentParser(prog="onebit-x"), body, [])
+
+
+@pytest.mark.parametrize(
+    "argv, files, first",
+    [
+        (["T.bin"], [], "rates"),
+        (["--json", "T.bin"], [], "rates"),
+        (["replay", "T.bin", "--slots", "2"], [], "replay"),
+        (["simulate", "T.bin", "--bandwidth", "3GB/s"], [], "simulate"),
+        (["replay", "--json"], ["replay"], "rates"),  # a trace named replay needs no ./
+        (["replay"], ["replay"], "rates"),
+        (["replay", "replay", "--slots", "2"], ["replay"], "replay"),
+        (["replay", "replay", "--slots=2"], ["replay"], "replay"),
+        (["simulate", "--json"], ["simulate"], "rates"),
+        (["simulate", "simulate", "--bandwidth", "3GB/s"], ["simulate"], "simulate"),
+        (["rates", "T.bin"], [], "rates"),
+        (["--help"], [], "--help"),
+    ],
+)
+def test_the_subcommand_rule(argv, files, first, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in files:
+        (tmp_path / name).write_bytes(b"")
+    picked = stats.with_subcommand(argv)
+    assert picked[0] == first
+    assert picked[-len(argv) :] == argv

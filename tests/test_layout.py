@@ -1,0 +1,82 @@
+"""The package's layout: argparse only under commands/, no import cycle, every module importable."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "onebit_predict"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """The modules (absolute names) a module imports, at any depth of its code."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")
+            if node.level:
+                base = base[: len(base) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            # "from . import stats": the names may be modules themselves
+            found.update(f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in MODULES)
+    return found
+
+
+GRAPH = {name: {m for m in imports(name, path) if m in MODULES and m != name} for name, path in MODULES.items()}
+
+
+def test_the_rooms_exist():
+    for room in ("commands", "checks", "llama", "cache", "metrics"):
+        assert f"onebit_predict.{room}" in MODULES, room
+    for kept in ("policy", "trace", "constants"):
+        assert f"onebit_predict.{kept}" in MODULES, kept
+
+
+def test_argparse_only_under_commands():
+    offenders = [
+        name
+        for name, path in MODULES.items()
+        if not name.startswith("onebit_predict.commands") and "argparse" in imports(name, path)
+    ]
+    assert offenders == []
+
+
+def test_no_import_cycle():
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for dep in sorted(GRAPH[name]):
+            if state.get(dep) == 1:
+                cycles.append(path[path.index(dep) :] + [dep] if dep in path else [name, dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[name] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+    assert cycles == []
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_module_imports(name):
+    importlib.import_module(name)
