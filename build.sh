@@ -26,10 +26,13 @@ PRISTINE_TAG=onebit-pristine
 WORK_BRANCH=onebit
 
 CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON
-             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
-             -DGGML_NATIVE=ON -DGGML_CCACHE=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF)
-TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict test-amx-mul-mat-batched onebit-tiny-gguf test-onebit-rollback
-              llama-quantize)  # llama-quantize: onebit-grow quantizes the grown models with the patched tree's
+             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
+             -DGGML_NATIVE=ON -DGGML_CCACHE=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF
+             -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF)
+TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict test-amx-mul-mat-batched onebit-tiny-gguf test-onebit-rollback)
+# llama.cpp's own tools, from the patched tree (./build.sh path prints the PATH line); the server's
+# web UI is left out (no download at build time: the server answers its API, /metrics and /props)
+TOOL_TARGETS=(llama-cli llama-completion llama-server llama-bench llama-quantize)
 # the ctest of the series' upstream ggml fix carries upstream's label, not ours
 CTEST_UPSTREAM_FIX=test-amx-mul-mat-batched
 
@@ -70,6 +73,9 @@ usage: ./build.sh [SUBCOMMAND] [OPTIONS]
   rebase --tree DIR   apply the series to your own llama.cpp git checkout (current branch)
   export [--from DIR] regenerate patches/ from a work tree (default: the pinned work tree)
   pristine            build the unpatched pin too (for side-by-side benchmarks)
+  path                build if needed, then print the line that puts the patched llama-cli,
+                      llama-completion, llama-server, llama-bench and llama-quantize on PATH
+                      (eval "$(./build.sh path)")
   help                this text
 
 environment: ONEBIT_CACHE (cache root, default ~/.cache/onebit-predict), ONEBIT_JOBS (build jobs),
@@ -100,7 +106,7 @@ series_hash() {
 }
 
 flags_hash() {
-    printf '%s\n' "${CMAKE_FLAGS[@]}" "${TEST_TARGETS[@]}" | sha256sum | cut -c1-12
+    printf '%s\n' "${CMAKE_FLAGS[@]}" "${TEST_TARGETS[@]}" "${TOOL_TARGETS[@]}" | sha256sum | cut -c1-12
 }
 
 # --- the sdist and the pristine tree --------------------------------------------------------
@@ -231,10 +237,13 @@ current_env() {
     printf '%s=%s\n' "$key" "$value" >>"$file"
 }
 
+# build_tree TREE BDIR KEY TARGET... [-- TOOL_TARGET...]: the tools compile as a step of their own
 build_tree() {
     local tree=$1 bdir=$2 key=$3
     shift 3
-    local targets=("$@")
+    local targets=() tools=()
+    while [[ $# -gt 0 && $1 != -- ]]; do targets+=("$1"); shift; done
+    [[ $# -eq 0 ]] || { shift; tools=("$@"); }
     # the policy cases are data, not part of the build key: refresh them on every run
     mkdir -p "$bdir/onebit"
     cp "$ROOT/ctest_port/cases.tsv" "$bdir/onebit/cases.tsv"
@@ -249,6 +258,12 @@ build_tree() {
     step "compile ${targets[*]} ($JOBS jobs; the first build takes several minutes)"
     run_logged "read the compiler error in the log; if a patch is at fault, fix it in patches/" \
         cmake --build "$bdir" -j "$JOBS" --target "${targets[@]}"
+    if [[ ${#tools[@]} -gt 0 ]]; then
+        local started=$SECONDS
+        step "compile llama.cpp's tools ${tools[*]} ($JOBS jobs)"
+        run_logged "read the compiler error in the log" cmake --build "$bdir" -j "$JOBS" --target "${tools[@]}"
+        say "==> the tools took $((SECONDS - started)) s"
+    fi
     printf '%s' "$key" >"$bdir/.onebit-stamp"
 }
 
@@ -301,7 +316,7 @@ cmd_build() {
         apply_series "$pristine" "$tree" -3
     fi
     bdir=$CACHE/build/$key
-    build_tree "$tree" "$bdir" "$key" "${TEST_TARGETS[@]}"
+    build_tree "$tree" "$bdir" "$key" "${TEST_TARGETS[@]}" -- "${TOOL_TARGETS[@]}"
     current_env LLAMA_TREE "$tree"
     current_env LLAMA_BUILD_DIR "$bdir"
     current_env LLAMA_LIB_DIR "$(lib_dir_of "$bdir")"
@@ -503,6 +518,18 @@ cmd_export() {
     say "==> exported $(grep -c . "$SERIES") patch(es) from $from into patches/"
 }
 
+# the PATH line for the patched tools, on stdout (everything else goes to stderr)
+cmd_path() {
+    cmd_build
+    local bin
+    bin=$(sed -n 's/^LLAMA_BUILD_DIR=//p' "$ROOT/build/current.env")/bin
+    local tool
+    for tool in "${TOOL_TARGETS[@]}"; do
+        [[ -x $bin/$tool ]] || die "$bin/$tool was not built" 1
+    done
+    printf 'export PATH="%s:$PATH"\n' "$bin"
+}
+
 cmd_pristine() {
     local version pristine bdir key
     version=$(pin_value version)
@@ -527,6 +554,7 @@ main() {
         rebase)   cmd_rebase "$@" ;;
         export)   cmd_export "$@" ;;
         pristine) [[ $# -eq 0 ]] || usage_error "pristine takes no arguments"; cmd_pristine ;;
+        path)     [[ $# -eq 0 ]] || usage_error "path takes no arguments"; cmd_path ;;
         help|-h|--help) usage ;;
         *) usage_error "unknown subcommand '$cmd'" ;;
     esac

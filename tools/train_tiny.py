@@ -12,8 +12,10 @@ come from small models whose routers learned to route. This script:
 3. rounds every weight to float16 (so the f16 GGUF holds exactly the weights the
    transformers model computes with) and saves the transformers checkpoint;
 4. converts it with the pinned llama.cpp tree's ``convert_hf_to_gguf.py`` (its own
-   ``gguf-py``), writing tokenizer model ``none`` plus ``{arch}.vocab_size``: llama.cpp
-   then has no tokenizer, the caller feeds byte values as token ids;
+   ``gguf-py``), writing tokenizer model ``none`` plus ``{arch}.vocab_size``, then gives
+   the GGUF the RWKV byte vocabulary of ``onebit_predict.models.vocab`` (token ``i`` is
+   byte ``i``, 256 the end-of-file control token, no BOS): llama.cpp's tokenizer maps text
+   to exactly its bytes, the ids the model was trained on;
 5. ``--check``: runs the GGUF through the patched llama.cpp and the checkpoint through
    transformers on the same held-out tokens and reports the logits' NMSE.
 
@@ -441,7 +443,8 @@ assert gguf.__file__.startswith(tree), f"gguf from {gguf.__file__}, not the pinn
 import convert_hf_to_gguf as conv
 
 def byte_vocab(self):
-    # no tokenizer: token id = byte value, id 256 = end of file (documented in models/README.md)
+    # token id = byte value, id 256 = end of file (models/README.md); convert() then replaces
+    # "none" by the RWKV byte vocabulary (onebit_predict.models.vocab)
     self.gguf_writer.add_tokenizer_model("none")
     key = gguf.Keys.LLM.VOCAB_SIZE.format(arch=self.gguf_writer.arch)
     if not any(key in kv for kv in self.gguf_writer.kv_data):
@@ -471,20 +474,31 @@ conv.main()
 
 
 def convert(hf_dir: Path, out: Path, outtype: str, name: str) -> None:
+    """Convert with the pinned tree's converter (tokenizer model "none"), then add the byte vocabulary.
+
+    The second step is ``python -m onebit_predict.models.vocab``: it changes only the
+    tokenizer keys (the converter's file is ``vocab.strip_vocab`` of the result, byte for byte).
+    """
     from onebit_predict.llama.paths import build_info
+    from onebit_predict.models.vocab import add_byte_vocab
 
     tree = build_info().tree
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", _CONVERT, str(tree), str(hf_dir), str(out), outtype, name],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
-        raise SystemExit(f"train_tiny: convert_hf_to_gguf.py failed ({proc.returncode})")
+    plain = out.with_name(out.name + ".novocab.tmp")
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CONVERT, str(tree), str(hf_dir), str(plain), outtype, name],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-8000:])
+            raise SystemExit(f"train_tiny: convert_hf_to_gguf.py failed ({proc.returncode})")
+        add_byte_vocab(plain, out)
+    finally:
+        plain.unlink(missing_ok=True)
 
 
 def sha256(path: Path) -> str:
