@@ -20,6 +20,13 @@ ESCAPES = {"s": " ", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "\\"
 HEX_DIGITS = "0123456789abcdefABCDEF"
 
 
+class KnobCase(NamedTuple):
+    line: int
+    api: str | None  # the C API's value (None: not given)
+    env: str | None  # the ONEBIT_* variable's (None: unset)
+    expected: str | None
+
+
 class DepthCase(NamedTuple):
     line: int
     req: int
@@ -79,7 +86,7 @@ class PrefetchCase(NamedTuple):
     n_warnings: int
 
 
-Case = DepthCase | MinCase | ReadCase | LayersCase | PolicyCase | PrefetchCase
+Case = DepthCase | MinCase | ReadCase | LayersCase | PolicyCase | PrefetchCase | KnobCase
 
 
 class CaseFormatError(ValueError):
@@ -178,6 +185,8 @@ def _case(line: int, f: list[str]) -> Case:
             int(f[7]),
             int(f[8]),
         )
+    if kind == "knob" and n == 4:
+        return KnobCase(line, *map(_string, f[1:4]))
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")
 
 

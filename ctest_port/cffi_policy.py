@@ -25,6 +25,10 @@ SOURCE = "onebit-moe-policy.cpp"
 PRELUDE = f'#include "{HEADER}"\n'
 COMPILE_ARGS = ["-std=c++17"]
 PREFETCH_SYMBOL = "onebit_prefetch_parse"
+KNOB_SYMBOL = "onebit_resolve_knob"  # the C API's precedence (trees with include/onebit-moe.h)
+KNOB_CDEF = """
+const char * onebit_resolve_knob(const char * api_value, const char * env_value);
+"""
 CDEF = """
 #define ONEBIT_MAX_LAYERS ...
 
@@ -100,6 +104,7 @@ def load_c_policy(src_dir: Path) -> tuple[Any, Any]:
 
     header_bytes = header.read_bytes()
     cdef = CDEF + (PREFETCH_CDEF if PREFETCH_SYMBOL.encode() in header_bytes else "")
+    cdef += KNOB_CDEF if KNOB_SYMBOL.encode() in header_bytes else ""
     return load_cffi_module(
         MODULE,
         cdef,

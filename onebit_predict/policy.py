@@ -215,6 +215,13 @@ def parse_layers(spec: str | None, n_layer: int) -> tuple[frozenset[int], list[s
     return frozenset(mask), warnings
 
 
+def resolve_knob(api: str | None, environ: str | None) -> str | None:
+    """The text one knob takes when a context is created (include/onebit-moe.h): the C API's
+    value when it gives one (``""`` is the default, whatever the environment says), else the
+    ONEBIT_* variable's (None: unset, the default)."""
+    return api if api is not None else environ
+
+
 def effective_depth(depth_requested: int, n_expert: int, n_expert_used: int) -> int:
     """The depth actually ranked: the request (0 = n_expert_used), clamped to [1, n_expert]."""
     if n_expert < 1:

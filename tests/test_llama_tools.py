@@ -11,6 +11,8 @@ import socket
 import subprocess
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -72,11 +74,12 @@ def _post(port: int, path: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def _server_tokens(mode: str | None, consumer: str | None, trace: Path | None = None) -> list[int]:
-    """Greedy tokens of one completion from a llama-server started with these knobs (then stopped)."""
+@contextmanager
+def _server(args: list[str], env: dict[str, str]) -> Iterator[int]:
+    """A llama-server on 127.0.0.1 at a free port with these arguments, answering /health; its port.
+    Stopped (SIGTERM, then SIGKILL) on the way out, so its contexts are freed and traces closed."""
     port = _free_port()
-    cmd = [str(tool("llama-server")), "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "-t", "2"]
-    env = tool_env(mode, consumer, trace)
+    cmd = [str(tool("llama-server")), "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "-t", "2", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + SERVER_START_S
@@ -90,12 +93,7 @@ def _server_tokens(mode: str | None, consumer: str | None, trace: Path | None = 
                 pass
             assert time.monotonic() < deadline, f"llama-server did not answer within {SERVER_START_S} s"
             time.sleep(0.2)
-        reply = _post(
-            port,
-            "/completion",
-            {"prompt": PROMPT, "n_predict": 24, "temperature": 0, "return_tokens": True, "cache_prompt": False},
-        )
-        return reply["tokens"]
+        yield port
     finally:
         proc.terminate()
         try:
@@ -103,6 +101,13 @@ def _server_tokens(mode: str | None, consumer: str | None, trace: Path | None = 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=20)
+
+
+def _server_tokens(mode: str | None, consumer: str | None, trace: Path | None = None) -> list[int]:
+    """Greedy tokens of one completion from a llama-server started with these knobs (then stopped)."""
+    body = {"prompt": PROMPT, "n_predict": 24, "temperature": 0, "return_tokens": True, "cache_prompt": False}
+    with _server([], tool_env(mode, consumer, trace)) as port:
+        return _post(port, "/completion", body)["tokens"]
 
 
 def test_server_returns_the_same_tokens_with_the_predictor_on(tmp_path):
@@ -130,3 +135,113 @@ def test_bench_runs_in_every_mode(mode):
     rows = json.loads(out.stdout)
     assert {(r["n_prompt"], r["n_gen"]) for r in rows} == {(16, 0), (0, 8)}
     assert all(r["avg_ts"] > 0 for r in rows)
+
+
+# --- the flags of llama.cpp's common parser and llama-bench's comma lists -----------------------
+
+FLAGS = (
+    "--moe-predict",
+    "--moe-predict-depth",
+    "--moe-predict-margin",
+    "--moe-predict-min",
+    "--moe-predict-layers",
+    "--moe-predict-no-attn",
+    "--moe-predict-out",
+    "--moe-predict-stats",
+    "--moe-prefetch",
+    "--moe-prefetch-max-bytes",
+    "--moe-prefetch-threads",
+)
+
+
+@pytest.mark.parametrize("name", ["llama-cli", "llama-completion", "llama-server"])
+def test_help_lists_every_flag_with_its_variable(name):
+    out = subprocess.run([str(tool(name)), "--help"], capture_output=True, text=True, timeout=REQUEST_S)
+    text = out.stdout + out.stderr
+    for flag in FLAGS:
+        assert flag + " " in text or flag + "\n" in text, flag
+        assert "LLAMA_ARG_" + flag[2:].upper().replace("-", "_") in text, flag
+
+
+def _completion(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    cmd = [str(tool("llama-completion")), "-m", str(MODEL), "-p", PROMPT, "-n", "8", "-t", "2", "--temp", "0", *args]
+    return subprocess.run(
+        cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=REQUEST_S, env=env or tool_env(None)
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "words"),
+    [
+        ("--moe-predict", "blok", "is not one of off|router|block"),
+        ("--moe-predict-depth", "x", "is not a non-negative integer"),
+        ("--moe-predict-margin", "-1", "is not a finite non-negative number"),
+        ("--moe-prefetch", "always", "is not one of off|advise|read"),
+        ("--moe-prefetch-max-bytes", "12q", "is not a byte count"),
+        ("--moe-prefetch-threads", "99", "exceeds 16"),
+    ],
+)
+def test_a_bad_flag_value_is_an_argument_error(flag, value, words):
+    out = _completion(flag, value)
+    assert out.returncode == 1
+    assert f"invalid value for {flag}: '{value}'" in out.stderr and words in out.stderr
+
+
+def test_flags_reach_the_context_and_win_over_the_environment(tmp_path):
+    trace = tmp_path / "t.bin"
+    env = tool_env("router") | {"ONEBIT_MOE_PREDICT_DEPTH": "2"}  # the flags below must win
+    out = _completion(
+        "--moe-predict", "block", "--moe-prefetch", "read", "--moe-predict-depth", "3", "--moe-predict-out", str(trace),
+        env=env,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    h = Trace.open(trace).header
+    assert (h.mode_name, h.prefetch_name, h.depth_requested) == ("block", "read", 3)
+    # the flag's variable, LLAMA_ARG_MOE_PREDICT, as llama.cpp's parser gives every flag
+    out = _completion("--moe-predict-out", str(trace), env=tool_env(None) | {"LLAMA_ARG_MOE_PREDICT": "router"})
+    assert out.returncode == 0 and Trace.open(trace).header.mode_name == "router"
+
+
+def test_bench_takes_comma_lists(tmp_path):
+    cmd = [str(tool("llama-bench")), "-m", str(MODEL), "-p", "16", "-n", "8", "-r", "1", "-t", "2"]
+    lists = ["--moe-predict", "off,router,block", "--moe-prefetch", "off,advise"]
+    out = subprocess.run(cmd + lists + ["-o", "json"], capture_output=True, text=True, timeout=REQUEST_S)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = {(r["moe_predict"], r["moe_prefetch"], r["n_gen"] > 0) for r in json.loads(out.stdout)}
+    # every pair with a predictor, a prompt row and a generation row each; off x advise is not a row
+    want = {("off", "off"), ("router", "off"), ("router", "advise"), ("block", "off"), ("block", "advise")}
+    assert rows == {(p, c, g) for p, c in want for g in (False, True)}
+    md = subprocess.run(cmd + lists + ["-o", "md"], capture_output=True, text=True, timeout=REQUEST_S).stdout
+    assert "moe_predict" in md and "moe_prefetch" in md
+    bad = subprocess.run(cmd + ["--moe-predict", "off,blok"], capture_output=True, text=True, timeout=REQUEST_S)
+    assert bad.returncode != 0 and "invalid value 'blok' for --moe-predict" in bad.stderr
+
+
+def _metrics(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=REQUEST_S) as r:
+        lines = r.read().decode().splitlines()
+    return {k.removeprefix("llamacpp:"): float(v) for k, v in (ln.split() for ln in lines if not ln.startswith("#"))}
+
+
+def test_server_takes_the_flags_and_reports_in_metrics(tmp_path):
+    trace = tmp_path / "server.bin"
+    flags = ["--moe-predict", "block", "--moe-prefetch", "advise", "--moe-predict-out", str(trace), "--metrics"]
+    with _server(flags, tool_env(None)) as port:
+        reply = _post(port, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0})
+        m = _metrics(port)
+    assert reply["tokens_predicted"] == 8
+    h = Trace.open(trace).header
+    assert (h.mode_name, h.prefetch_name) == ("block", "advise")
+    # /metrics: the predictor's read recall and the consumer's counters, as the native table counts them
+    assert (m["onebit_moe_predict_mode"], m["onebit_moe_prefetch_mode"]) == (2, 1)
+    assert m["onebit_moe_predicted_tokens_total"] > 0 and m["onebit_moe_prefetch_experts_total"] > 0
+    recall = m["onebit_moe_read_hits_total"] / m["onebit_moe_actual_experts_total"]
+    assert m["onebit_moe_read_recall"] == pytest.approx(recall)
+    assert m["onebit_moe_prefetch_failed_total"] == 0
+
+
+def test_server_metrics_without_the_predictor_have_no_onebit_lines():
+    with _server(["--metrics"], tool_env(None)) as port:
+        _post(port, "/completion", {"prompt": PROMPT, "n_predict": 4, "temperature": 0})
+        m = _metrics(port)
+    assert "tokens_predicted_total" in m and not any(k.startswith("onebit_") for k in m)

@@ -7,9 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from ctest_port.cases import DepthCase, LayersCase, MinCase, PolicyCase, ReadCase, read_cases
+from ctest_port.cases import DepthCase, KnobCase, LayersCase, MinCase, PolicyCase, ReadCase, read_cases
 from onebit_predict.constants import MODE_ROUTER
-from onebit_predict.policy import Env, effective_depth, effective_min, n_read, parse_layers, parse_policy
+from onebit_predict.policy import (
+    Env,
+    effective_depth,
+    effective_min,
+    n_read,
+    parse_layers,
+    parse_policy,
+    resolve_knob,
+)
 
 CASES = read_cases()
 
@@ -100,3 +108,8 @@ def test_env_from_environ() -> None:
     environ = {"ONEBIT_MOE_PREDICT": "block", "ONEBIT_MOE_PREDICT_LAYERS": "", "ONEBIT_MOE_PREDICT_OUT": "/tmp/t"}
     assert Env.from_environ(environ) == Env(mode="block", layers="")
     assert Env.from_environ({}) == Env()
+
+
+@cases_of(KnobCase)
+def test_resolve_knob(case: KnobCase) -> None:
+    assert resolve_knob(case.api, case.env) == case.expected

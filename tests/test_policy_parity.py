@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctest_port.cases import DepthCase, LayersCase, MinCase, PolicyCase, ReadCase, read_cases
+from ctest_port.cases import DepthCase, KnobCase, LayersCase, MinCase, PolicyCase, ReadCase, read_cases
 from onebit_predict import policy as py
 from onebit_predict.policy import Env, Policy
 
@@ -179,3 +179,15 @@ def test_n_read_parity_random(c_policy, row: tuple[list[float], int, float, int]
     assert lib.onebit_n_read(ffi.new("float[]", logits), depth, margin, min_read) == py.n_read(
         logits, depth, margin, min_read
     )
+
+
+@cases_of(KnobCase)
+def test_resolve_knob(c_policy, case: KnobCase) -> None:
+    ffi, lib = c_policy
+
+    def c_str(v: str | None):
+        return ffi.NULL if v is None else ffi.new("char[]", v.encode())
+
+    api, env = c_str(case.api), c_str(case.env)
+    got = lib.onebit_resolve_knob(api, env)
+    assert (None if got == ffi.NULL else ffi.string(got).decode()) == case.expected

@@ -2,9 +2,10 @@
 
 The commands (``onebit-trace``, ``onebit-bitident``) need what the high-level ``Llama``
 class hides: several sequences in one batch, explicit ubatch sizes, flash attention on and
-off, state save/restore, and logits read back as raw bytes. The predictor's environment
-(``ONEBIT_MOE_PREDICT*``) is read by llama.cpp when a context is created, so
-:func:`open_context` sets it for exactly that moment.
+off, state save/restore, and logits read back as raw bytes. A context's predictor settings,
+keyed by their ONEBIT_* variable names, go through the C API (moe_api.py,
+``onebit_init_from_model``): a knob given (None: its default) wins over the process
+environment, which is never read or written here; a knob not given falls back to it.
 """
 
 from __future__ import annotations
@@ -12,18 +13,19 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .moe_api import bind, moe_params
 from .paths import use_patched_libllama
 
 _llama: Any = None
 _log_callback: Any = None  # kept referenced: llama.cpp calls it for the life of the process
+_init_from_model: Any = None  # onebit_init_from_model, bound on first use
 
 
 class RunError(RuntimeError):
@@ -114,24 +116,6 @@ class Model:
         self.close()
 
 
-@contextmanager
-def _environment(env: Mapping[str, str | None]) -> Iterator[None]:
-    saved = {key: os.environ.get(key) for key in env}
-    try:
-        for key, value in env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 class Context:
     """A llama.cpp context; :meth:`decode` returns the logits of the rows asked for, as bytes."""
 
@@ -146,8 +130,11 @@ class Context:
         params.n_threads_batch = settings.n_threads
         params.flash_attn_type = 1 if settings.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / DISABLED
         params.no_perf = True
-        with _environment(env):
-            self.ptr = lib.llama_init_from_model(model.ptr, params)
+        global _init_from_model
+        if _init_from_model is None:
+            _init_from_model = bind(lib)
+        moe = moe_params(env)  # the settings go through the C API: the process environment is never touched
+        self.ptr = _init_from_model(model.ptr, params, ctypes.byref(moe))
         if not self.ptr:
             raise RunError(f"{model.path}: llama.cpp could not create a context (see the log above)")
         self.model = model
