@@ -39,7 +39,7 @@ from ..llama.runner import RunError
 from ..llama.tiny import TinyModelError
 from ..metrics.stats_kernel import StatsKernelError
 from ..policy import layer_range
-from ..trace import TraceError
+from ..trace import TraceError, TraceHeader
 
 logger = logging.getLogger("onebit_predict")
 
@@ -247,3 +247,16 @@ def table(titles: list[str], rows: list[list[str]]) -> str:
 def fmt(value: float | int | None, spec: str) -> str:
     """``-`` for None, else ``format(value, spec)``."""
     return "-" if value is None else format(value, spec)
+
+
+def header_summary(h: TraceHeader) -> dict[str, object]:
+    """The trace header fields the cache commands (replay, simulate) put in their --json."""
+    return {
+        "arch": h.arch,
+        "model": h.model,
+        "mode": h.mode_name,
+        "n_layer": h.n_layer,
+        "n_expert": h.n_expert,
+        "n_expert_used": h.n_expert_used,
+        "depth": h.depth,
+    }

@@ -25,7 +25,7 @@ from ..cache.replay import CacheConfig, ReplayResult, replay
 from ..cache.routing import Routing, load_routing
 from ..constants import EXIT_OK, LFRU_WINDOW_DEFAULT, REPLAY_POLICIES, REPLAY_PREFETCH_MODES
 from ..trace import Trace
-from .common import UsageError, arg_type, check_layers, comma_list, fmt, positive_int, table
+from .common import UsageError, arg_type, check_layers, comma_list, fmt, header_summary, positive_int, table
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Per-layer expert-cache hit rates of a P/A trace's decode routing (docs/cost-model.md)."
@@ -125,15 +125,7 @@ def _json(trace: Trace, routing: Routing, results: list[ReplayResult]) -> str:
     return json.dumps(
         {
             "trace": str(trace.path),
-            "header": {
-                "arch": h.arch,
-                "model": h.model,
-                "mode": h.mode_name,
-                "n_layer": h.n_layer,
-                "n_expert": h.n_expert,
-                "n_expert_used": h.n_expert_used,
-                "depth": h.depth,
-            },
+            "header": header_summary(h),
             "tokens": routing.n_tokens,
             "predicted_layers": sorted(routing.predicted_layers) if routing.has_predictor else [],
             "results": [

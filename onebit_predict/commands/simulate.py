@@ -40,7 +40,7 @@ from ..constants import (
 )
 from ..trace import Trace
 from ..units import fmt_bandwidth, parse_bandwidth, parse_size
-from .common import UsageError, arg_type, comma_list, fmt, positive_int, table
+from .common import UsageError, arg_type, comma_list, fmt, header_summary, positive_int, table
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Decode-time model of a streamed expert pipeline on a P/A trace's routing (docs/cost-model.md)."
@@ -273,15 +273,7 @@ def _json(trace: Trace, res: SimResult, bandwidths: list[float]) -> str:
     return json.dumps(
         {
             "trace": str(trace.path),
-            "header": {
-                "arch": h.arch,
-                "model": h.model,
-                "mode": h.mode_name,
-                "n_layer": h.n_layer,
-                "n_expert": h.n_expert,
-                "n_expert_used": h.n_expert_used,
-                "depth": h.depth,
-            },
+            "header": header_summary(h),
             "tokens": res.routing.n_tokens,
             "model": {
                 "expert_bytes": {str(layer): b for layer, b in sorted(res.expert_bytes.items())},

@@ -75,12 +75,15 @@ class ContextSettings:
 class Model:
     """A GGUF loaded on the CPU."""
 
-    def __init__(self, path: Path, use_mmap: bool = True) -> None:
+    def __init__(self, path: Path, use_mmap: bool = True, extra_bufts: bool = True) -> None:
+        """``extra_bufts``: llama.cpp's extra buffer types (``use_extra_bufts``: the CPU's AMX or
+        repacked weights); off, every weight is multiplied by the plain CPU kernels."""
         lib = llama()
         if not path.is_file():
             raise RunError(f"{path}: no such file")
         params = lib.llama_model_default_params()
         params.n_gpu_layers = 0
+        params.use_extra_bufts = extra_bufts
         if not use_mmap:
             params.load_mode = lib.LLAMA_LOAD_MODE_NONE  # read into memory (llama.cpp's --no-mmap)
         self.ptr = lib.llama_model_load_from_file(str(path).encode(), params)

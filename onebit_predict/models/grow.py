@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from .gguf_keys import copy_key
+
 QK_K = 256  # the K-quants' block: the grown width is a multiple of it
 MIB = 1 << 20
 
@@ -233,21 +235,11 @@ class Grown:
 
 
 def _copy_keys(reader: Any, writer: Any, info: ModelInfo, width: int) -> None:
-    gguf = _gguf()
-    vt = gguf.GGUFValueType
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":  # the writer writes these itself
             continue
-        main = field.types[0]
-        sub = None
-        if main == vt.ARRAY:
-            if len(field.types) != 2:
-                raise GrowError(f"{info.path}: key {key} is a nested array: not supported")
-            sub = field.types[1]
         value = width if key == info.ff_key else field.contents()
-        writer.add_key_value(key, value, main, sub_type=sub)
-        if key == "general.alignment":
-            writer.data_alignment = int(value)
+        copy_key(writer, key, field, value, info.path, GrowError)
 
 
 def _grown_shape(info: ModelInfo, role: str, width: int) -> tuple[int, int, int]:

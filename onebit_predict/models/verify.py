@@ -39,7 +39,7 @@ import numpy as np
 
 from ..llama.paths import REPO_ROOT
 from ..llama.record import PredictorKnobs
-from ..llama.runner import Context, ContextSettings, Model, RunError, llama
+from ..llama.runner import Context, ContextSettings, Model
 from ..trace import Trace
 from .grow import QK_K
 from .store import Store
@@ -76,24 +76,6 @@ class Comparison:
         return self.rows_equal / self.rows if self.rows else 1.0
 
 
-class _Model(Model):
-    """runner.Model with ``use_extra_bufts`` chosen (the rest as runner.Model loads it)."""
-
-    def __init__(self, path: Path, extra_bufts: bool = True) -> None:
-        lib = llama()
-        if not path.is_file():
-            raise RunError(f"{path}: no such file")
-        params = lib.llama_model_default_params()
-        params.n_gpu_layers = 0
-        params.use_extra_bufts = extra_bufts
-        self.ptr = lib.llama_model_load_from_file(str(path).encode(), params)
-        if not self.ptr:
-            raise RunError(f"{path}: llama.cpp could not load this model (run with ONEBIT_VERBOSE=1 for its log)")
-        self.path = path
-        self.n_vocab = lib.llama_vocab_n_tokens(lib.llama_model_get_vocab(self.ptr))
-        self.n_layer = lib.llama_model_n_layer(self.ptr)
-
-
 def heldout_tokens(n_bytes: int = N_BYTES, path: Path = HELDOUT) -> list[int]:
     """The first ``n_bytes`` bytes of the held-out text, as token ids."""
     data = Path(path).read_bytes()[:n_bytes]
@@ -110,7 +92,7 @@ def run(model_path: Path, tokens: list[int], prefill: int = PREFILL, threads: in
     with tempfile.TemporaryDirectory(prefix="onebit-grow-") as tmp:
         trace_path = Path(tmp) / "trace.bin"
         rows: list[bytes] = []
-        with _Model(Path(model_path), extra_bufts) as model:
+        with Model(Path(model_path), extra_bufts=extra_bufts) as model:
             if model.n_vocab < 256:
                 raise ValueError(f"{model_path}: byte tokens need a vocabulary of at least 256 ids")
             with Context(model, settings, PredictorKnobs("router").env(trace_path)) as ctx:

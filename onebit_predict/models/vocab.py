@@ -53,6 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from .gguf_keys import copy_key
+
 N_BYTES = 256  # ids 0..255: the byte values
 EOF_ID = 256  # the end-of-file token the models were trained with
 N_VOCAB = 257
@@ -146,17 +148,6 @@ def _check(reader: Any, path: Path) -> str:
     return arch
 
 
-def _field_type(field: Any, path: Path, key: str) -> tuple[Any, Any]:
-    vt = _gguf().GGUFValueType
-    main = field.types[0]
-    sub = None
-    if main == vt.ARRAY:
-        if len(field.types) != 2:
-            raise VocabError(f"{path}: key {key} is a nested array: not supported")
-        sub = field.types[1]
-    return main, sub
-
-
 def _rewrite(src: Path, dst: Path, with_vocab: bool) -> Path:
     gguf = _gguf()
     vt = gguf.GGUFValueType
@@ -188,11 +179,7 @@ def _rewrite(src: Path, dst: Path, with_vocab: bool) -> Path:
                     if key == K_EOS:
                         writer.add_key_value(K_EOS, EOF_ID, vt.UINT32)
                     continue
-                main, sub = _field_type(field, src, key)
-                value = field.contents()
-                writer.add_key_value(key, value, main, sub_type=sub)
-                if key == "general.alignment":
-                    writer.data_alignment = int(value)
+                copy_key(writer, key, field, field.contents(), src, VocabError)
             if K_EOS not in reader.fields:
                 writer.add_key_value(K_EOS, EOF_ID, vt.UINT32)
             if with_vocab:
