@@ -110,18 +110,13 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
     if args.json:
         print(
             json.dumps(
-                {
-                    "model": str(args.model),
+                _run_json(args.model, opts, rows)
+                | {
                     "cold": True,
                     "evict_method": method,
                     "eviction_notes": notes,
                     "expert_bytes": expert_bytes,
                     "drive": asdict(drive),
-                    "rounds": opts.rounds,
-                    "prompt": opts.prompt,
-                    "generate": opts.generate,
-                    "threads": opts.threads,
-                    "rows": [asdict(r) for r in rows],
                 },
                 indent=2,
             )
@@ -138,6 +133,18 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
             )
         )
     return EXIT_OK
+
+
+def _run_json(model: Path, opts: BenchOptions, rows: list) -> dict:
+    """What both benchmarks' --json report: the model, the run's options, one object per row."""
+    return {
+        "model": str(model),
+        "rounds": opts.rounds,
+        "prompt": opts.prompt,
+        "generate": opts.generate,
+        "threads": opts.threads,
+        "rows": [asdict(r) for r in rows],
+    }
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -158,14 +165,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(
             json.dumps(
-                {
-                    "model": str(args.model),
-                    "rounds": opts.rounds,
-                    "prompt": opts.prompt,
-                    "generate": opts.generate,
-                    "threads": opts.threads,
-                    "rows": [asdict(r) for r in rows],
-                },
+                _run_json(args.model, opts, rows),
                 indent=2,
             )
         )

@@ -31,7 +31,7 @@ from pathlib import Path
 from ..cache.expert_bytes import ModelError
 from ..cache.plot import PlotUnavailable
 from ..checks.rounds import WorkerError
-from ..constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from ..constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, LFRU_WINDOW_DEFAULT
 from ..llama.drive import DriveError
 from ..llama.evict import EvictError
 from ..llama.paths import NotBuiltError
@@ -260,3 +260,14 @@ def header_summary(h: TraceHeader) -> dict[str, object]:
         "n_expert_used": h.n_expert_used,
         "depth": h.depth,
     }
+
+
+def add_lfru_window(p: argparse.ArgumentParser) -> None:
+    """``--lfru-window T``, as the cache commands (replay, simulate) take it."""
+    p.add_argument(
+        "--lfru-window",
+        type=arg_type(positive_int),
+        default=LFRU_WINDOW_DEFAULT,
+        metavar="T",
+        help=f"tokens over which lfru counts uses (default {LFRU_WINDOW_DEFAULT})",
+    )

@@ -23,9 +23,19 @@ import sys
 
 from ..cache.replay import CacheConfig, ReplayResult, replay
 from ..cache.routing import Routing, load_routing
-from ..constants import EXIT_OK, LFRU_WINDOW_DEFAULT, REPLAY_POLICIES, REPLAY_PREFETCH_MODES
+from ..constants import EXIT_OK, REPLAY_POLICIES, REPLAY_PREFETCH_MODES
 from ..trace import Trace
-from .common import UsageError, arg_type, check_layers, comma_list, fmt, header_summary, positive_int, table
+from .common import (
+    UsageError,
+    add_lfru_window,
+    arg_type,
+    check_layers,
+    comma_list,
+    fmt,
+    header_summary,
+    positive_int,
+    table,
+)
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Per-layer expert-cache hit rates of a P/A trace's decode routing (docs/cost-model.md)."
@@ -61,13 +71,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="none; trace: read the trace's predictions into the cache (charged); "
         "protect: only spare them from eviction (free) (default none)",
     )
-    p.add_argument(
-        "--lfru-window",
-        type=arg_type(positive_int),
-        default=LFRU_WINDOW_DEFAULT,
-        metavar="T",
-        help=f"tokens over which lfru counts uses (default {LFRU_WINDOW_DEFAULT})",
-    )
+    add_lfru_window(p)
     p.add_argument(
         "--cold",
         action="store_true",

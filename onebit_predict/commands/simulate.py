@@ -31,7 +31,6 @@ from ..cache.routing import Routing, load_routing
 from ..cache.simulate import PRED_NONE, ComputeModel, SimResult, simulate, spent_saved
 from ..constants import (
     EXIT_OK,
-    LFRU_WINDOW_DEFAULT,
     REPLAY_POLICIES,
     SIM_LATENCY_US_DEFAULT,
     SIM_PLOT_BANDWIDTHS,
@@ -40,7 +39,7 @@ from ..constants import (
 )
 from ..trace import Trace
 from ..units import fmt_bandwidth, parse_bandwidth, parse_size
-from .common import UsageError, arg_type, comma_list, fmt, header_summary, positive_int, table
+from .common import UsageError, add_lfru_window, arg_type, comma_list, fmt, header_summary, positive_int, table
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Decode-time model of a streamed expert pipeline on a P/A trace's routing (docs/cost-model.md)."
@@ -135,13 +134,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="expert slots per layer (default n_expert_used: no reuse beyond the last token's experts)",
     )
     p.add_argument("--policy", default="lru", choices=REPLAY_POLICIES, help="eviction policy (default lru)")
-    p.add_argument(
-        "--lfru-window",
-        type=arg_type(positive_int),
-        default=LFRU_WINDOW_DEFAULT,
-        metavar="T",
-        help=f"tokens over which lfru counts uses (default {LFRU_WINDOW_DEFAULT})",
-    )
+    add_lfru_window(p)
     p.add_argument(
         "--cold",
         action="store_true",
