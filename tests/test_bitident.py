@@ -224,3 +224,12 @@ def test_a_one_token_prefill_tail_is_not_a_decode_row(tiny_model, tmp_path):
     decode = (rows["flags"] & TRACE_FLAG_DECODE) != 0
     assert not decode[rows["pos"] < 25].any()  # pos 24 sits alone in the third ubatch
     assert decode[rows["pos"] == 25].all()
+
+
+def test_without_extra_buffer_types(tiny_model, capsys):
+    """--no-extra-bufts (the plain CPU kernels, for quantized weights whose AMX path faults on
+    some VMs) runs the same check."""
+    rc = bitident_main([str(tiny_model("qwen3moe")), "--no-extra-bufts", "--modes", "block+read", "--scenarios",
+                        "two sequences", "--json"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert rc == EXIT_OK and report["identical"] and len(report["results"]) == 1

@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the token stream")
     p.add_argument("--keep-traces", type=Path, help="write the traces into this directory instead of a temporary one")
     p.add_argument(
+        "--no-extra-bufts",
+        action="store_true",
+        help="load the weights without llama.cpp's extra buffer types (AMX, repacking): the plain CPU "
+        "kernels (quantized weights in the AMX buffer fault on some VMs: docs/grown-models.md)",
+    )
+    p.add_argument(
         "--debug-leak",
         action="store_true",
         help="negative control: let block mode store its speculative state (the check must then fail)",
@@ -99,7 +105,7 @@ def _run(args: argparse.Namespace) -> int:
     inherited = sorted(k for k in ENV_ALL if k in os.environ)
     if inherited:
         logger.info("ignoring %s from the environment: the check sets every knob of every run", ", ".join(inherited))
-    with Model(args.model) as model:
+    with Model(args.model, extra_bufts=not args.no_extra_bufts) as model:
         results = check_model(model, [by_name[n] for n in names], modes, args.debug_leak, args.seed, args.keep_traces)
     ok = all(r.ok for r in results)
     if args.json:
