@@ -71,7 +71,7 @@ class ColdRow:
     dropped_bytes: int
 
 
-def _trace_figures(path: Path) -> tuple[float | None, float | None, int, int, int, int, int]:
+def trace_figures(path: Path) -> tuple[float | None, float | None, int, int, int, int, int]:
     trace = Trace.open(path)
     metrics = compute_stats(trace).total.metrics()
     t = trace.header.prefetch_totals
@@ -88,12 +88,12 @@ def measure_cold(model: Path, cfgs: Sequence[Config], lib: Path, opts: BenchOpti
         med = statistics.median(toks)
         left = max(s.resident_after_evict or 0.0 for s in samples[cfg.name]) if cfg.evict else None
         # the trace of the last round; every round runs the same tokens
-        figures = _trace_figures(Path(cfg.env[ENV_OUT]))
+        figures = trace_figures(Path(cfg.env[ENV_OUT]))
         rows.append(ColdRow(cfg.name, med, min(toks), max(toks), med / off, left, *figures))
     return rows
 
 
-def _pct(x: float | None) -> str:
+def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
@@ -109,8 +109,8 @@ def markdown_cold(rows: Sequence[ColdRow], header: str) -> str:
     for r in rows:
         lines.append(
             f"| {r.name} | {r.median_tok_s:.1f} | {r.min_tok_s:.1f} | {r.max_tok_s:.1f} | "
-            f"{r.ratio_to_off:.3f} | {_pct(r.resident_after_evict)} | {_pct(r.read_recall)} | "
-            f"{_pct(r.precision)} | {r.prefetched_experts} | "
+            f"{r.ratio_to_off:.3f} | {pct(r.resident_after_evict)} | {pct(r.read_recall)} | "
+            f"{pct(r.precision)} | {r.prefetched_experts} | "
             f"{r.prefetched_bytes / 2**20:.2f} | {r.already_resident_bytes / 2**20:.2f} | {r.failed_ranges} | "
             f"{r.dropped_bytes} |"
         )

@@ -46,6 +46,8 @@ class BenchOptions:
     threads: int = 2
     text_file: Path | None = None  # feed this file's bytes as token ids
     cold_method: str | None = None  # --cold: the eviction method (None: no eviction)
+    memory_limit: int | None = None  # --memory-limit: each run confined to a memory cgroup of this many bytes
+    extra_bufts: bool = True  # False: the plain CPU kernels (quantized AMX faults on some VMs)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,9 @@ class Sample:
     compute_mib: float
     n_layer: int
     resident_after_evict: float | None = None  # --cold: the most of the expert pages resident as a token started
+    read_bytes: int = 0  # bytes read from the drive while decoding (all threads)
+    major_faults: int = 0  # major page faults while decoding
+    seconds: float = 0.0  # the decode time
 
 
 def worker_env(lib_dir: Path) -> dict[str, str]:
@@ -88,8 +93,28 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         cmd += ["--cold-method", opts.cold_method]
     if opts.text_file:
         cmd += ["--text-file", str(opts.text_file)]
-    out = worker_json(cmd, lib_dir, f"{cfg.name}: the worker failed")
-    return Sample(out["tok_s"], out["compute_mib"], out["n_layer"], out.get("resident_after_evict"))
+    if not opts.extra_bufts:
+        cmd += ["--no-extra-bufts"]
+    group = None
+    if opts.memory_limit is not None:
+        from ..llama.cgroup import MemoryCgroup
+
+        group = MemoryCgroup(f"onebit-bench-{os.getpid()}", opts.memory_limit)  # fresh for every run
+        cmd += ["--cgroup", str(group.path)]
+    try:
+        out = worker_json(cmd, lib_dir, f"{cfg.name}: the worker failed")
+    finally:
+        if group is not None:
+            group.remove()
+    return Sample(
+        out["tok_s"],
+        out["compute_mib"],
+        out["n_layer"],
+        out.get("resident_after_evict"),
+        out["read_bytes"],
+        out["major_faults"],
+        out["seconds"],
+    )
 
 
 def collect(

@@ -11,10 +11,13 @@ from __future__ import annotations
 import io
 import os
 import re
+import resource
 import time
 from contextlib import redirect_stderr
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..llama.cgroup import io_read_bytes
 
 COMPUTE_BUFFER = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
 EVICT_SETTLE_S = 0.02  # --cold: untimed wait before each eviction, for asynchronous readahead to finish
@@ -29,6 +32,8 @@ class WorkerOptions:
     threads: int = 2
     text_file: Path | None = None
     cold_method: str | None = None
+    cgroup: Path | None = None  # --memory-limit: join this memory cgroup first, then drop the model from the page cache
+    extra_bufts: bool = True  # llama.cpp's extra buffer types (runner.Model)
 
 
 def detect_eviction(model: Path) -> dict:
@@ -49,7 +54,12 @@ def run_worker(opts: WorkerOptions) -> dict:
     from ..llama.runner import Context, ContextSettings, Model, builtin_tokens
 
     captured = io.StringIO()
-    with Model(opts.model) as model:
+    if opts.cgroup is not None:
+        from ..llama.cgroup import drop_from_page_cache, join
+
+        join(opts.cgroup)
+        drop_from_page_cache(opts.model)  # charged to the group that reads it: this one
+    with Model(opts.model, extra_bufts=opts.extra_bufts) as model:
         pages = None
         if opts.cold_method:
             from ..llama.evict import ExpertPages
@@ -71,6 +81,7 @@ def run_worker(opts: WorkerOptions) -> dict:
             ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
             elapsed = 0.0
             left = 0.0 if pages is not None else None
+            read0, faults0 = io_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
             for i in range(opts.generate):
                 if pages is not None:
                     # reads still in flight (madvise readahead) land before the eviction, not after it
@@ -80,6 +91,8 @@ def run_worker(opts: WorkerOptions) -> dict:
                 t0 = time.perf_counter()
                 ctx.decode([toks[n + i]], [n + i], [0], [True])
                 elapsed += time.perf_counter() - t0
+            read_bytes = io_read_bytes() - read0  # the decoded tokens' reads from the drive, all threads
+            major_faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0
             if pages is not None:
                 pages.close()
     mib = sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(captured.getvalue()))
@@ -88,4 +101,7 @@ def run_worker(opts: WorkerOptions) -> dict:
         "compute_mib": mib,
         "n_layer": model.n_layer,
         "resident_after_evict": left,
+        "read_bytes": read_bytes,
+        "major_faults": major_faults,
+        "seconds": elapsed,
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -24,7 +25,17 @@ from ..checks.rounds import BenchOptions
 from ..checks.worker import WorkerOptions, run_worker
 from ..constants import EXIT_OK
 from ..llama.paths import build_info, pristine_lib_dir
-from .common import EPILOG, UsageError, model_parent, output_parent, require_file, run_command
+from ..units import parse_size
+from .common import (
+    EPILOG,
+    UsageError,
+    arg_type,
+    comma_list,
+    model_parent,
+    output_parent,
+    require_file,
+    run_command,
+)
 
 logger = logging.getLogger("onebit_predict")
 PROG = "onebit-bench"
@@ -53,6 +64,13 @@ def _parser() -> argparse.ArgumentParser:
         help="evict the expert pages before every decoded token and compare the prefetch consumer's modes",
     )
     p.add_argument(
+        "--memory-limit",
+        type=arg_type(comma_list(str)),
+        metavar="LIMITS",
+        help="confine each run to a memory cgroup of this size, a share of the model's expert bytes (50%%) "
+        "or a size (160MiB), comma-separated; the kernel's reclaim evicts the experts (needs root)",
+    )
+    p.add_argument(
         "--evict-method",
         choices=("auto", "pageout", "dontneed"),
         default="auto",
@@ -61,6 +79,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--detect", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--cold-method", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--cgroup", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--no-extra-bufts",
+        action="store_true",
+        help="load the weights without llama.cpp's extra buffer types (AMX, repacking): the plain CPU kernels",
+    )
     p.add_argument("--env", default="{}", help=argparse.SUPPRESS)
     return p
 
@@ -72,7 +96,15 @@ def _worker(args: argparse.Namespace) -> int:
         print(json.dumps(detect_here(args.model)))
         return EXIT_OK
     opts = WorkerOptions(
-        args.model, json.loads(args.env), args.prompt, args.generate, args.threads, args.text_file, args.cold_method
+        args.model,
+        json.loads(args.env),
+        args.prompt,
+        args.generate,
+        args.threads,
+        args.text_file,
+        args.cold_method,
+        args.cgroup,
+        not args.no_extra_bufts,
     )
     print(json.dumps(run_worker(opts)))
     return EXIT_OK
@@ -86,7 +118,9 @@ def _options(args: argparse.Namespace) -> BenchOptions:
             f"--text-file {args.text_file} must exist and hold at least --prompt + --generate "
             f"({args.prompt + args.generate}) bytes"
         )
-    return BenchOptions(args.rounds, args.prompt, args.generate, args.threads, args.text_file)
+    return BenchOptions(
+        args.rounds, args.prompt, args.generate, args.threads, args.text_file, extra_bufts=not args.no_extra_bufts
+    )
 
 
 def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
@@ -135,6 +169,47 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
     return EXIT_OK
 
 
+def _limits(texts: list[str], expert_bytes: int) -> list[int]:
+    """--memory-limit's bytes: ``50%`` of the expert bytes, or a size (``160MiB``)."""
+    out = []
+    for t in texts:
+        try:
+            n = float(t[:-1]) / 100 * expert_bytes if t.endswith("%") else parse_size(t)
+        except ValueError:
+            raise UsageError(f"--memory-limit: '{t}' is neither a share (50%) nor a size (160MiB)") from None
+        if not 16 * 2**20 <= n:
+            raise UsageError(f"--memory-limit: '{t}' is {n / 2**20:.1f} MiB; at least 16 MiB (the process needs it)")
+        out.append(int(n))
+    return out
+
+
+def _memory(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
+    from ..checks.bench_memory import markdown_memory, measure_memory, memory_configs
+    from ..llama.cgroup import MemoryCgroup
+    from ..llama.drive import measure_drive
+    from ..llama.evict import expert_spans
+
+    expert_bytes = sum(s.size for s in expert_spans(args.model))
+    limits = _limits(args.memory_limit, expert_bytes)
+    MemoryCgroup(f"onebit-bench-probe-{os.getpid()}", limits[0]).remove()  # CgroupError (exit 2) says why not
+    drive = measure_drive(args.model.resolve().parent)
+    with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
+        rows = measure_memory(args.model, memory_configs(Path(tmp)), lib, opts, limits, drive.bandwidth_mb_s)
+    if args.json:
+        extra = {"expert_bytes": expert_bytes, "drive": asdict(drive), "memory_limits": limits}
+        print(json.dumps(_run_json(args.model, opts, rows) | extra, indent=2))
+        return EXIT_OK
+    print(
+        markdown_memory(
+            rows,
+            f"model {args.model.name} ({expert_bytes / 2**20:.0f} MiB of expert weights), each run in a memory "
+            f"cgroup, {opts.rounds} alternating rounds, prompt {opts.prompt}, {opts.generate} decoded tokens, "
+            f"{opts.threads} threads; drive {drive.bandwidth_mb_s:.0f} MB/s sequential",
+        )
+    )
+    return EXIT_OK
+
+
 def _run_json(model: Path, opts: BenchOptions, rows: list) -> dict:
     """What both benchmarks' --json report: the model, the run's options, one object per row."""
     return {
@@ -153,8 +228,12 @@ def _run(args: argparse.Namespace) -> int:
         return _worker(args)
     opts = _options(args)
     info = build_info()
+    if args.cold and args.memory_limit:
+        raise UsageError("--cold and --memory-limit are two settings: give one")
     if args.cold:
         return _cold(args, opts, info.lib_dir)
+    if args.memory_limit:
+        return _memory(args, opts, info.lib_dir)
     pristine = pristine_lib_dir()
     with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
         cfgs = configs(Path(tmp), args.layers)

@@ -32,6 +32,7 @@ from ..cache.expert_bytes import ModelError
 from ..cache.plot import PlotUnavailable
 from ..checks.rounds import WorkerError
 from ..constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, LFRU_WINDOW_DEFAULT
+from ..llama.cgroup import CgroupError
 from ..llama.drive import DriveError
 from ..llama.evict import EvictError
 from ..llama.paths import NotBuiltError
@@ -62,6 +63,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (DriveError, EXIT_CHECK_FAILED),
     (EvictError, EXIT_CHECK_FAILED),
     (UsageError, EXIT_USAGE),
+    (CgroupError, EXIT_USAGE),  # no memory cgroup can be made here: onebit-bench --memory-limit says why
     (NotBuiltError, EXIT_USAGE),
     (TraceError, EXIT_USAGE),
     (ModelError, EXIT_USAGE),

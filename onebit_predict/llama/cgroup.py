@@ -1,0 +1,76 @@
+"""A memory cgroup for one benchmark process: a limit below the model's expert bytes, so that
+the kernel's own reclaim, not the benchmark, evicts expert pages (onebit-bench --memory-limit).
+
+Detects cgroup v1 (``/sys/fs/cgroup/memory``, ``memory.limit_in_bytes``) or v2 (a ``memory``
+controller in ``/sys/fs/cgroup/cgroup.controllers``, ``memory.max``); where neither can be
+used (not root, not mounted, no memory controller) :class:`CgroupError` says why. The page
+cache of a file is charged to the group that first touched its pages, so the worker drops
+the model file from the page cache once it has joined its group.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ROOT = Path("/sys/fs/cgroup")
+
+
+class CgroupError(RuntimeError):
+    """No memory cgroup can be made here, or one could not be set up (the reason is the message)."""
+
+
+class MemoryCgroup:
+    """A fresh memory cgroup with a limit; :meth:`remove` when its processes have exited."""
+
+    def __init__(self, name: str, limit_bytes: int) -> None:
+        if os.geteuid() != 0:
+            raise CgroupError("a memory cgroup needs root (the benchmark creates and removes one per run)")
+        if (ROOT / "memory" / "memory.limit_in_bytes").is_file():
+            self.path, limit_file = ROOT / "memory" / name, "memory.limit_in_bytes"
+        elif "memory" in _read(ROOT / "cgroup.controllers").split():
+            self.path, limit_file = ROOT / name, "memory.max"
+        else:
+            raise CgroupError(f"no memory cgroup controller under {ROOT} (neither v1 memory/ nor v2 memory)")
+        try:
+            self.path.mkdir()
+            (self.path / limit_file).write_text(str(limit_bytes))
+        except OSError as e:
+            self.remove()
+            raise CgroupError(f"cannot set up {self.path}: {e}") from None
+        self.limit_bytes = limit_bytes
+
+    def remove(self) -> None:
+        try:
+            self.path.rmdir()
+        except FileNotFoundError:
+            pass
+
+
+def join(path: Path) -> None:
+    """Move this process into the cgroup at ``path``."""
+    (path / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def drop_from_page_cache(path: Path) -> None:
+    """Drop ``path``'s clean pages from the page cache (so this process's group reads them anew)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def io_read_bytes() -> int:
+    """Bytes this process caused to be read from storage (/proc/self/io read_bytes)."""
+    for line in _read(Path("/proc/self/io")).splitlines():
+        if line.startswith("read_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
