@@ -20,6 +20,23 @@ ESCAPES = {"s": " ", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "\\"
 HEX_DIGITS = "0123456789abcdefABCDEF"
 
 
+class AheadCase(NamedTuple):
+    line: int
+    ahead: str | None  # ONEBIT_MOE_PREDICT_AHEAD
+    layers: str | None  # ONEBIT_MOE_PREDICT_LAYERS
+    n_layer: int
+    expected_ahead: int
+    expected_layers: frozenset[int]
+    n_warnings: int
+
+
+class GuardCase(NamedTuple):
+    line: int
+    guard: str | None  # ONEBIT_MOE_PREFETCH_GUARD, with ONEBIT_MOE_PREFETCH=advise
+    window: int
+    n_warnings: int
+
+
 class KnobCase(NamedTuple):
     line: int
     api: str | None  # the C API's value (None: not given)
@@ -86,7 +103,7 @@ class PrefetchCase(NamedTuple):
     n_warnings: int
 
 
-Case = DepthCase | MinCase | ReadCase | LayersCase | PolicyCase | PrefetchCase | KnobCase
+Case = DepthCase | MinCase | ReadCase | LayersCase | PolicyCase | PrefetchCase | KnobCase | AheadCase | GuardCase
 
 
 class CaseFormatError(ValueError):
@@ -187,6 +204,10 @@ def _case(line: int, f: list[str]) -> Case:
         )
     if kind == "knob" and n == 4:
         return KnobCase(line, *map(_string, f[1:4]))
+    if kind == "ahead" and n == 7:
+        return AheadCase(line, _string(f[1]), _string(f[2]), int(f[3]), int(f[4]), _layer_list(f[5]), int(f[6]))
+    if kind == "guard" and n == 4:
+        return GuardCase(line, _string(f[1]), int(f[2]), int(f[3]))
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")
 
 

@@ -36,6 +36,7 @@ enum onebit_mode {
     ONEBIT_MODE_OFF    = 0,
     ONEBIT_MODE_ROUTER = 1,
     ONEBIT_MODE_BLOCK  = 2,
+    ONEBIT_MODE_LEARNED = 3,
 };
 
 struct onebit_env {
@@ -46,6 +47,7 @@ struct onebit_env {
     const char * layers;
     const char * no_attn;
     const char * stats;
+    const char * ahead;
 };
 
 struct onebit_policy {
@@ -59,6 +61,7 @@ struct onebit_policy {
     int32_t stats;
     int32_t n_layer_predicted;
     uint8_t layer_mask[...];
+    int32_t ahead;
 };
 
 int32_t onebit_policy_parse(const struct onebit_env * env, int32_t n_layer, int32_t n_expert, int32_t n_expert_used,
@@ -78,17 +81,21 @@ enum onebit_prefetch_mode {
 #define ONEBIT_PREFETCH_THREADS_DEFAULT ...
 #define ONEBIT_PREFETCH_THREADS_MAX ...
 #define ONEBIT_PREFETCH_MAX_BYTES_LIMIT ...
+#define ONEBIT_PREFETCH_GUARD_DEFAULT ...
+#define ONEBIT_PREFETCH_GUARD_MAX ...
 
 struct onebit_prefetch_env {
     const char * mode;
     const char * max_bytes;
     const char * threads;
+    const char * guard;
 };
 
 struct onebit_prefetch_policy {
     int32_t mode;
     int32_t n_threads;
     int64_t max_bytes;
+    int32_t guard;
 };
 
 int32_t onebit_prefetch_parse(const struct onebit_prefetch_env * env, int32_t predict_mode,

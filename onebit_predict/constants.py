@@ -15,6 +15,8 @@ ENV_LAYERS = "ONEBIT_MOE_PREDICT_LAYERS"
 ENV_NO_ATTN = "ONEBIT_MOE_PREDICT_NO_ATTN"
 ENV_OUT = "ONEBIT_MOE_PREDICT_OUT"
 ENV_STATS = "ONEBIT_MOE_PREDICT_STATS"
+ENV_AHEAD = "ONEBIT_MOE_PREDICT_AHEAD"  # predict layer l+K from layer l
+ENV_LEARNED = "ONEBIT_MOE_PREDICT_LEARNED"  # the learned predictor's GGUF sidecar (ONEBIT_MOE_PREDICT=learned)
 # controls for checks, never for use (docs/policy.md)
 ENV_DEBUG_SELF = "ONEBIT_MOE_PREDICT_DEBUG_SELF"
 ENV_DEBUG_LEAK = "ONEBIT_MOE_PREDICT_DEBUG_LEAK"
@@ -24,16 +26,21 @@ DEBUG_LEAK_CHECKED = "check"  # ... with the graph check on: the context must be
 MODE_OFF = 0
 MODE_ROUTER = 1
 MODE_BLOCK = 2
-MODE_NAMES = {MODE_OFF: "off", MODE_ROUTER: "router", MODE_BLOCK: "block"}
+MODE_LEARNED = 3  # a learned linear predictor from a GGUF sidecar (onebit_predict/learned.py)
+MODE_NAMES = {MODE_OFF: "off", MODE_ROUTER: "router", MODE_BLOCK: "block", MODE_LEARNED: "learned"}
 
 MAX_LAYERS = 512  # LLAMA_MAX_LAYERS, and the width of the trace's layer mask
+AHEAD_MAX = 3  # ONEBIT_MOE_PREDICT_AHEAD is in [1, AHEAD_MAX]
 
 # the prefetch consumer (docs/policy.md, "The prefetch consumer")
 ENV_PREFETCH = "ONEBIT_MOE_PREFETCH"
 ENV_PREFETCH_MAX_BYTES = "ONEBIT_MOE_PREFETCH_MAX_BYTES"
 ENV_PREFETCH_THREADS = "ONEBIT_MOE_PREFETCH_THREADS"
+ENV_PREFETCH_GUARD = "ONEBIT_MOE_PREFETCH_GUARD"  # tokens per probe of the never-a-loss guard, 0 = none
 # a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
 ENV_PREFETCH_DEBUG_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
+# a benchmark control: the consumer reads the routing a trace of the same tokens recorded (the oracle)
+ENV_PREFETCH_DEBUG_ORACLE = "ONEBIT_MOE_PREFETCH_DEBUG_ORACLE"
 
 # every variable libllama reads: a check that must not inherit the caller's settings sets or
 # clears each of them
@@ -52,6 +59,10 @@ ENV_ALL = (
     ENV_PREFETCH_MAX_BYTES,
     ENV_PREFETCH_THREADS,
     ENV_PREFETCH_DEBUG_DRAIN,
+    ENV_AHEAD,
+    ENV_PREFETCH_GUARD,
+    ENV_PREFETCH_DEBUG_ORACLE,
+    ENV_LEARNED,
 )
 
 PREFETCH_OFF = 0
@@ -62,11 +73,14 @@ PREFETCH_NAMES = {PREFETCH_OFF: "off", PREFETCH_ADVISE: "advise", PREFETCH_READ:
 PREFETCH_THREADS_DEFAULT = 2
 PREFETCH_THREADS_MAX = 16
 PREFETCH_MAX_BYTES_LIMIT = 1 << 40  # 1 TiB: larger caps are a typo
+PREFETCH_GUARD_DEFAULT = 4  # tokens per probe
+PREFETCH_GUARD_MAX = 64
 
 # --- trace (docs/trace-format.md) -------------------------------------------------------
 TRACE_MAGIC = b"OBMPTRC\x00"
-TRACE_VERSION = 2  # what this package writes; 2 added the prefetch consumer's fields
-TRACE_VERSIONS_READ = (1, 2)  # what it reads (1: the prefetch fields are absent)
+TRACE_VERSION = 3  # what this package writes; 2 added the prefetch consumer's fields, 3 the distance
+TRACE_VERSIONS_READ = (1, 2, 3)  # what it reads (1: no prefetch fields; 1, 2: every prediction is L+1)
+TRACE_VERSION_DISTANCE = 3  # the first version whose records carry the lookahead distance (offset 18)
 TRACE_HEADER_SIZE = 512
 TRACE_RECORD_FIXED = 20  # bytes before the per-expert arrays
 TRACE_FLAG_PREDICTED = 1 << 0
@@ -77,6 +91,11 @@ TRACE_HDR_FLAG_DEBUG_SELF = 1 << 2
 TRACE_HDR_FLAG_PREFETCH_TOTALS = 1 << 3  # the consumer's totals were written (a clean close)
 TRACE_HDR_FLAG_DEBUG_LEAK = 1 << 4  # the negative control was built into the context's graphs
 TRACE_HDR_FLAG_UNCHECKED = 1 << 5  # ... with the graph check off (ONEBIT_MOE_PREDICT_DEBUG_LEAK=1)
+# version 3: two fields inside the flags word
+TRACE_HDR_AHEAD_SHIFT = 8  # bits 8..11: ONEBIT_MOE_PREDICT_AHEAD (1..3; 0 before version 3, meaning 1)
+TRACE_HDR_AHEAD_MASK = 0xF << TRACE_HDR_AHEAD_SHIFT
+TRACE_HDR_GUARD_SHIFT = 16  # bits 16..23: the consumer's guard window (ONEBIT_MOE_PREFETCH_GUARD; 0 none)
+TRACE_HDR_GUARD_MASK = 0xFF << TRACE_HDR_GUARD_SHIFT
 TRACE_ARCH_BYTES = 32  # NUL-padded
 TRACE_MODEL_BYTES = 256  # NUL-padded, at most 255 bytes of text
 TRACE_CHUNK_RECORDS = 1 << 14  # records a reader holds at once (bounded memory)
@@ -90,6 +109,8 @@ TRACE_HDR_FLAGS_KNOWN = (
     | TRACE_HDR_FLAG_PREFETCH_TOTALS
     | TRACE_HDR_FLAG_DEBUG_LEAK
     | TRACE_HDR_FLAG_UNCHECKED
+    | TRACE_HDR_AHEAD_MASK
+    | TRACE_HDR_GUARD_MASK
 )  # other header flag bits are refused
 TRACE_MAX_DEPTH_REQUESTED = 999_999_999  # _DEPTH as parsed: at most 9 digits (policy.MAX_DIGITS)
 TRACE_MAX_PREFETCH_TOTAL = (1 << 63) - 1  # each prefetch total fits an int64

@@ -25,6 +25,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .constants import (
+    AHEAD_MAX,
+    ENV_AHEAD,
     ENV_DEPTH,
     ENV_LAYERS,
     ENV_MARGIN,
@@ -32,12 +34,15 @@ from .constants import (
     ENV_MODE,
     ENV_NO_ATTN,
     ENV_PREFETCH,
+    ENV_PREFETCH_GUARD,
     ENV_PREFETCH_MAX_BYTES,
     ENV_PREFETCH_THREADS,
     ENV_STATS,
     MAX_LAYERS,
     MODE_NAMES,
     MODE_OFF,
+    PREFETCH_GUARD_DEFAULT,
+    PREFETCH_GUARD_MAX,
     PREFETCH_MAX_BYTES_LIMIT,
     PREFETCH_NAMES,
     PREFETCH_OFF,
@@ -66,10 +71,11 @@ class Env(NamedTuple):
     layers: str | None = None  # ONEBIT_MOE_PREDICT_LAYERS
     no_attn: str | None = None  # ONEBIT_MOE_PREDICT_NO_ATTN
     stats: str | None = None  # ONEBIT_MOE_PREDICT_STATS
+    ahead: str | None = None  # ONEBIT_MOE_PREDICT_AHEAD
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Env:
-        names = (ENV_MODE, ENV_DEPTH, ENV_MARGIN, ENV_MIN, ENV_LAYERS, ENV_NO_ATTN, ENV_STATS)
+        names = (ENV_MODE, ENV_DEPTH, ENV_MARGIN, ENV_MIN, ENV_LAYERS, ENV_NO_ATTN, ENV_STATS, ENV_AHEAD)
         return cls(*(environ.get(name) for name in names))
 
 
@@ -86,7 +92,8 @@ class Policy:
     no_attn: bool
     stats: bool
     n_layer_predicted: int  # len(layer_mask)
-    layer_mask: frozenset[int]  # the layers l predicted (from layer l-1)
+    layer_mask: frozenset[int]  # the layers l predicted (from layer l-ahead)
+    ahead: int = 1  # layers between the predicting layer and the predicted one, in [1, AHEAD_MAX]
 
     @property
     def predicted_layers(self) -> tuple[int, ...]:
@@ -179,7 +186,7 @@ def layer_range(item: str) -> tuple[int, int] | None:
     return a, b
 
 
-def _parse_layer_item(item: str, n_layer: int, mask: set[int], warnings: list[str]) -> None:
+def _parse_layer_item(item: str, n_layer: int, first: int, mask: set[int], warnings: list[str]) -> None:
     if not item:
         warnings.append(f"{ENV_LAYERS} has an empty item; ignored")
         return
@@ -194,22 +201,29 @@ def _parse_layer_item(item: str, n_layer: int, mask: set[int], warnings: list[st
     if b >= n_layer:
         warnings.append(f"{ENV_LAYERS} item '{item}' is out of range (the model has layers 0..{n_layer - 1}); ignored")
         return
-    if a == 0:
+    if a == 0 and first == 1:
         warnings.append(f"{ENV_LAYERS} item '{item}' includes layer 0, which has no layer before it; layer 0 ignored")
         a = 1
+    elif a < first:
+        warnings.append(
+            f"{ENV_LAYERS} item '{item}' includes layers below {first}, which have no layer {first} before them "
+            f"({ENV_AHEAD}={first}); those ignored"
+        )
+        a = first
     mask.update(range(a, b + 1))
 
 
-def parse_layers(spec: str | None, n_layer: int) -> tuple[frozenset[int], list[str]]:
-    """The layers a layer list predicts ("1,2,5-9,47"); None or blank predicts every layer from 1."""
+def parse_layers(spec: str | None, n_layer: int, first: int = 1) -> tuple[frozenset[int], list[str]]:
+    """The layers a layer list predicts ("1,2,5-9,47"); None or blank predicts every layer from
+    ``first`` (the lookahead K: layers below it have no layer K before them)."""
     n_layer = min(n_layer, MAX_LAYERS)
     t = _trim(spec)
     if not t:
-        return frozenset(range(1, n_layer)), []
+        return frozenset(range(first, n_layer)), []
     mask: set[int] = set()
     warnings: list[str] = []
     for item in t.split(","):
-        _parse_layer_item(_trim(item), n_layer, mask, warnings)
+        _parse_layer_item(_trim(item), n_layer, first, mask, warnings)
     if not mask:
         warnings.append(f"{ENV_LAYERS}='{spec}' leaves no layer to predict; predicting none")
     return frozenset(mask), warnings
@@ -299,7 +313,21 @@ def parse_policy(env: Env, n_layer: int, n_expert: int, n_expert_used: int) -> t
     if min_requested > depth:
         warnings.append(f"{ENV_MIN}={min_requested} exceeds the depth {depth}; clamped to {min_read}")
 
-    layer_mask, layer_warnings = parse_layers(env.layers, n_layer)
+    ahead = 1
+    t = _trim(env.ahead)
+    if t:
+        v = _parse_uint(t)
+        if v is None:
+            warnings.append(f"{ENV_AHEAD}='{env.ahead}' is not a positive integer; using 1")
+        elif v == 0:
+            warnings.append(f"{ENV_AHEAD}=0 must be at least 1; using 1")
+        elif v > AHEAD_MAX:
+            warnings.append(f"{ENV_AHEAD}={v} exceeds {AHEAD_MAX}; clamped to {AHEAD_MAX}")
+            ahead = AHEAD_MAX
+        else:
+            ahead = v
+
+    layer_mask, layer_warnings = parse_layers(env.layers, n_layer, ahead)
     warnings += layer_warnings
     no_attn = _parse_bool(ENV_NO_ATTN, env.no_attn, warnings)
     stats = _parse_bool(ENV_STATS, env.stats, warnings)
@@ -315,6 +343,7 @@ def parse_policy(env: Env, n_layer: int, n_expert: int, n_expert_used: int) -> t
         stats=stats,
         n_layer_predicted=len(layer_mask),
         layer_mask=layer_mask,
+        ahead=ahead,
     )
     return policy, warnings
 
@@ -325,10 +354,11 @@ class PrefetchEnv(NamedTuple):
     mode: str | None = None  # ONEBIT_MOE_PREFETCH
     max_bytes: str | None = None  # ONEBIT_MOE_PREFETCH_MAX_BYTES
     threads: str | None = None  # ONEBIT_MOE_PREFETCH_THREADS
+    guard: str | None = None  # ONEBIT_MOE_PREFETCH_GUARD
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> PrefetchEnv:
-        names = (ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES, ENV_PREFETCH_THREADS)
+        names = (ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES, ENV_PREFETCH_THREADS, ENV_PREFETCH_GUARD)
         return cls(*(environ.get(name) for name in names))
 
 
@@ -339,6 +369,7 @@ class PrefetchPolicy:
     mode: int  # PREFETCH_OFF, PREFETCH_ADVISE or PREFETCH_READ
     n_threads: int  # read-mode workers, in [1, PREFETCH_THREADS_MAX]
     max_bytes: int  # cap on speculative bytes per token of a ubatch, 0 = no cap
+    guard: int = 4  # tokens per probe of the never-a-loss guard (PREFETCH_GUARD_DEFAULT), 0 = no guard
 
 
 def _parse_prefetch_mode(raw: str | None, warnings: list[str]) -> int:
@@ -399,4 +430,17 @@ def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy,
         else:
             n_threads = v
 
-    return PrefetchPolicy(mode=mode, n_threads=n_threads, max_bytes=max_bytes), warnings
+    guard = PREFETCH_GUARD_DEFAULT
+    t = _trim(env.guard)
+    if t:
+        v = _parse_uint(t)
+        if v is None:
+            warnings.append(
+                f"{ENV_PREFETCH_GUARD}='{env.guard}' is not a non-negative integer; using {PREFETCH_GUARD_DEFAULT}"
+            )
+        elif v > PREFETCH_GUARD_MAX:
+            warnings.append(f"{ENV_PREFETCH_GUARD}={v} exceeds {PREFETCH_GUARD_MAX}; clamped to {PREFETCH_GUARD_MAX}")
+            guard = PREFETCH_GUARD_MAX
+        else:
+            guard = v
+    return PrefetchPolicy(mode=mode, n_threads=n_threads, max_bytes=max_bytes, guard=guard), warnings

@@ -7,6 +7,14 @@ per record, and ``Trace.iter_chunks`` walks it in bounded memory. A bad header r
 bounded: docs/trace-format.md, "Bounds a reader enforces"), so no later int32 or size
 arithmetic can overflow; a partial last record (a crash mid-write) is dropped with a logged
 warning.
+
+A record's ``distance`` (version 3, record offset 18) is how many layers ahead its
+prediction was made: a PREDICTED record of layer l was predicted from layer l - distance.
+Versions 1 and 2 left the field zero and always predicted one layer ahead; ``record_distances``
+gives every version's records their distance (1 for a version 1/2 PREDICTED record) and
+refuses a version-3 record whose distance is out of bounds with ``TraceError``.
+``Trace.iter_chunks`` yields records with the field so defined and checked; ``Trace.records``
+is the file's bytes as they are.
 """
 
 from __future__ import annotations
@@ -21,14 +29,19 @@ from typing import NamedTuple
 import numpy as np
 
 from .constants import (
+    AHEAD_MAX,
     MAX_LAYERS,
     MODE_NAMES,
     MODE_ROUTER,
+    PREFETCH_GUARD_MAX,
     PREFETCH_MAX_BYTES_LIMIT,
     PREFETCH_NAMES,
     PREFETCH_THREADS_MAX,
     TRACE_ARCH_BYTES,
     TRACE_CHUNK_RECORDS,
+    TRACE_FLAG_PREDICTED,
+    TRACE_HDR_AHEAD_MASK,
+    TRACE_HDR_AHEAD_SHIFT,
     TRACE_HDR_FLAG_DEBUG_LEAK,
     TRACE_HDR_FLAG_DEBUG_SELF,
     TRACE_HDR_FLAG_NO_ATTN,
@@ -36,6 +49,8 @@ from .constants import (
     TRACE_HDR_FLAG_STATS,
     TRACE_HDR_FLAG_UNCHECKED,
     TRACE_HDR_FLAGS_KNOWN,
+    TRACE_HDR_GUARD_MASK,
+    TRACE_HDR_GUARD_SHIFT,
     TRACE_HEADER_SIZE,
     TRACE_MAGIC,
     TRACE_MAX_DEPTH,
@@ -46,10 +61,15 @@ from .constants import (
     TRACE_MODEL_BYTES,
     TRACE_RECORD_FIXED,
     TRACE_VERSION,
+    TRACE_VERSION_DISTANCE,
     TRACE_VERSIONS_READ,
 )
 
 logger = logging.getLogger(__name__)
+
+# Version 3: record offset 18 (reserved and zero before) is the lookahead distance K of a
+# PREDICTED record (ONEBIT_MOE_PREDICT_AHEAD, 1..AHEAD_MAX), zero on the others.
+TRACE_MAX_DISTANCE = AHEAD_MAX  # a record's largest distance: ONEBIT_MOE_PREDICT_AHEAD's largest K
 
 HEADER_DTYPE = np.dtype(
     [
@@ -114,7 +134,7 @@ def record_dtype(n_expert_used: int, depth: int) -> np.dtype:
             ("layer", "<u2"),
             ("n_read", "<u2"),
             ("flags", "<u2"),
-            ("reserved", "<u2"),
+            ("distance", "<u2"),  # version 3: layers ahead (PREDICTED), else 0; versions 1, 2: 0
             ("actual_ids", "<i4", (n_expert_used,)),
             ("actual_w", "<f4", (n_expert_used,)),
             ("pred_ids", "<i4", (depth,)),
@@ -170,17 +190,24 @@ class TraceHeader:
         layers: Iterable[int] | None = None,
         arch: str = "",
         model: str = "",
+        version: int = TRACE_VERSION,
+        ahead: int = 1,
     ) -> TraceHeader:
-        """A header of the current version with the sizes filled in and llama.cpp's defaults.
+        """A header (of the version this package writes, unless ``version`` says) with the sizes
+        filled in and llama.cpp's defaults.
 
         depth defaults to ``n_expert_used``, depth_requested to the depth given (0 if none),
-        min_read to ``min(n_expert_used, depth)``, layers to ``1 .. n_layer-1``.
+        min_read to ``min(n_expert_used, depth)``, layers to ``1 .. n_layer-1``. A version-3
+        trace's PREDICTED records need their ``distance`` set (1..3): a writer of version 2
+        leaves it zero; its flags carry ``ahead`` (bits 8..11).
         """
+        if version >= TRACE_VERSION_DISTANCE and not flags & TRACE_HDR_AHEAD_MASK:
+            flags |= ahead << TRACE_HDR_AHEAD_SHIFT
         if depth_requested is None:
             depth_requested = 0 if depth is None else depth
         depth = n_expert_used if depth is None else depth
         return cls(
-            version=TRACE_VERSION,
+            version=version,
             header_size=TRACE_HEADER_SIZE,
             record_size=record_size(n_expert_used, depth),
             n_layer=n_layer,
@@ -293,6 +320,15 @@ class TraceHeader:
             problems.append(f"margin {self.margin} is not a non-negative number or +inf")
         if self.min_read > self.depth:
             problems.append(f"min_read {self.min_read} exceeds depth {self.depth}")
+        ahead = (self.flags & TRACE_HDR_AHEAD_MASK) >> TRACE_HDR_AHEAD_SHIFT
+        if self.version >= TRACE_VERSION_DISTANCE and not 1 <= ahead <= TRACE_MAX_DISTANCE:
+            problems.append(f"ahead {ahead} (flags bits 8..11) is not in 1..{TRACE_MAX_DISTANCE}")
+        elif self.version < TRACE_VERSION_DISTANCE and ahead:
+            problems.append(f"ahead {ahead} in flags bits 8..11 of a version {self.version} trace (zero there)")
+        if self.prefetch_guard > PREFETCH_GUARD_MAX:
+            problems.append(
+                f"prefetch guard {self.prefetch_guard} (flags bits 16..23) is not in 0..{PREFETCH_GUARD_MAX}"
+            )
         if self.flags & ~TRACE_HDR_FLAGS_KNOWN:
             unknown = self.flags & ~TRACE_HDR_FLAGS_KNOWN
             problems.append(f"flags {self.flags:#x} has unknown bits {unknown:#x} (known: {TRACE_HDR_FLAGS_KNOWN:#x})")
@@ -386,6 +422,65 @@ class TraceHeader:
         """The structured dtype of this trace's records."""
         return record_dtype(self.n_expert_used, self.depth)
 
+    @property
+    def ahead(self) -> int:
+        """ONEBIT_MOE_PREDICT_AHEAD of the run: layer l predicted layer l+ahead (1 before version 3)."""
+        return (self.flags & TRACE_HDR_AHEAD_MASK) >> TRACE_HDR_AHEAD_SHIFT or 1
+
+    @property
+    def prefetch_guard(self) -> int:
+        """The consumer's guard window, tokens per probe (0: none, or a trace before version 3)."""
+        return (self.flags & TRACE_HDR_GUARD_MASK) >> TRACE_HDR_GUARD_SHIFT
+
+    @property
+    def has_distance(self) -> bool:
+        """The records carry their lookahead distance (version 3); before, every prediction is 1 ahead."""
+        return self.version >= TRACE_VERSION_DISTANCE
+
+
+def record_distances(header: TraceHeader, rows: np.ndarray, first: int = 0, path: Path | None = None) -> np.ndarray:
+    """The lookahead distance of each record of ``rows`` (u16): 0 for a record without PREDICTED.
+
+    Versions 1 and 2: 1 for every PREDICTED record (the field is reserved there and not read).
+    Version 3: the field, checked against docs/trace-format.md's bounds: a PREDICTED record's
+    distance in 1..TRACE_MAX_DISTANCE and at most its layer, any other record's 0; a record
+    outside them raises TraceError naming the first (``first`` is the index of ``rows[0]`` in
+    the file, ``path`` the file, for the message).
+    """
+    predicted = (rows["flags"] & TRACE_FLAG_PREDICTED) != 0
+    if not header.has_distance:
+        return predicted.astype(np.uint16)
+    if header.debug_self:
+        # the control ranks each layer by its own router: llama.cpp writes distance 0, and its rows
+        # are scored where a one-layer-ahead prediction would be
+        raw = np.asarray(rows["distance"], dtype=np.uint16)
+        if raw.any():
+            i = int(np.flatnonzero(raw)[0])
+            where = f"{path}: " if path is not None else ""
+            raise TraceError(
+                f"{where}bad trace record {first + i}: distance {int(raw[i])} in a DEBUG_SELF control trace (must be 0)"
+            )
+        return predicted.astype(np.uint16)
+    d = np.asarray(rows["distance"], dtype=np.uint16)
+    layer = rows["layer"]
+    bad = np.where(predicted, (d < 1) | (d > TRACE_MAX_DISTANCE) | (layer < d), d != 0)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        r = rows[i]
+        if not predicted[i]:
+            why = f"distance {int(d[i])} on a record without PREDICTED (must be 0)"
+        elif not 1 <= d[i] <= TRACE_MAX_DISTANCE:
+            why = f"distance {int(d[i])} is not in 1..{TRACE_MAX_DISTANCE}"
+        else:
+            why = f"distance {int(d[i])} exceeds the record's layer {int(layer[i])}: no layer predicts it"
+        where = f"{path}: " if path is not None else ""
+        raise TraceError(
+            f"{where}bad trace record {first + i} (step {int(r['step'])}, seq {int(r['seq_id'])}, pos {int(r['pos'])},"
+            f" layer {int(r['layer'])}, flags {int(r['flags']):#x}): {why}"
+            f" ({int(bad.sum())} of records {first}..{first + len(rows) - 1} have a distance out of bounds)"
+        )
+    return d
+
 
 @dataclass(frozen=True, eq=False)
 class Trace:
@@ -430,6 +525,10 @@ class Trace:
         Each chunk is read into a fresh array with plain reads, not sliced from the memmap:
         pages of a mapping stay resident in the process once touched, so a pass over the
         memmap grows the RSS to the size of the trace; a read keeps it to one chunk.
+
+        Each chunk's ``distance`` is the record's lookahead distance (``record_distances``: 1
+        on a version 1/2 PREDICTED record); a version-3 record out of its bounds raises
+        TraceError when its chunk is read.
         """
         if records_per_chunk < 1:
             raise ValueError(f"records_per_chunk must be >= 1, not {records_per_chunk}")
@@ -439,6 +538,7 @@ class Trace:
                 chunk = np.empty(min(records_per_chunk, self.n_records - start), dtype=self.header.dtype)
                 if f.readinto(chunk.view(np.uint8)) != chunk.nbytes:
                     raise TraceError(f"{self.path}: the trace got shorter while it was read")
+                chunk["distance"] = record_distances(self.header, chunk, start, self.path)
                 yield chunk
 
     def actual(self, start: int = 0, stop: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -450,6 +550,11 @@ class Trace:
         """Rows ``start:stop``: predicted ids ``(n, depth)`` i32 (-1 unpredicted) and logits f32."""
         rows = self.records[start:stop]
         return rows["pred_ids"], rows["pred_logits"]
+
+    def distance(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop``: the lookahead distance of each (u16, 0 unpredicted; ``record_distances``)."""
+        first = range(self.n_records)[start:stop].start if self.n_records else 0
+        return record_distances(self.header, self.records[start:stop], first, self.path)
 
 
 def open_trace(path: str | Path) -> Trace:

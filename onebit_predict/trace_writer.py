@@ -37,12 +37,14 @@ class TraceWriter:
         logits: Sequence[float] | None = None,
         n_read: int | None = None,
         decode: bool = True,
+        distance: int = 1,
     ) -> None:
         """Append one record.
 
         ``pred`` (``depth`` ids, best first) marks the row PREDICTED; without it the row holds
         -1 ids, NaN logits and n_read 0. Defaults: equal weights ``1/n_expert_used``, logits
-        0, -1, -2, ... and n_read = depth (what llama.cpp writes with no margin gate).
+        0, -1, -2, ... and n_read = depth (what llama.cpp writes with no margin gate); a prediction's
+        lookahead ``distance`` 1 (a version-3 header records it; an unpredicted row has 0).
         """
         h = self.header
         rec = np.zeros(1, dtype=h.dtype)[0]
@@ -60,6 +62,8 @@ class TraceWriter:
             rec["pred_logits"] = -np.arange(h.depth, dtype=np.float32) if logits is None else logits
             rec["n_read"] = h.depth if n_read is None else n_read
             flags |= TRACE_FLAG_PREDICTED
+            if h.has_distance:
+                rec["distance"] = distance
         rec["flags"] = flags
         self._file.write(rec.tobytes())
 

@@ -39,7 +39,7 @@ def check_layout(trace: Trace) -> None:
     assert (np.diff(step) >= 0).all() and step[0] == 0  # steps ascending
     assert ((np.diff(layer) >= 0) | (np.diff(step) > 0)).all()  # layer-major within a step
     assert (((flags & TRACE_FLAG_PREDICTED) != 0) == (layer >= 1)).all()  # predicted on layers >= 1
-    assert (rec["reserved"] == 0).all()
+    assert (rec["distance"] == np.where((flags & TRACE_FLAG_PREDICTED) != 0, 1, 0)).all()  # L+1
     for s in np.unique(step):
         at = step == s
         rows = layer[at] == 0

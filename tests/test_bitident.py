@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onebit_predict.checks.bitident import first_mismatch, prediction_problem
+from onebit_predict.checks.bitident import MODES, first_mismatch, prediction_problem
 from onebit_predict.commands.bitident import main as bitident_main
 from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, MODE_ROUTER
 from onebit_predict.llama.tiny import TINY_ARCHS
@@ -44,7 +44,7 @@ def test_identical_and_predicted(arch, tiny_model, capsys):
 
 
 @pytest.mark.needs_build
-@pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen4exp-tiny"])
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen4exp-tiny", "olmoe-tiny"])
 def test_trained_models_identical(name, capsys):
     """The bundled trained models hold F16 weights, which a CPU with AMX multiplies in its AMX
     buffer: the batched AMX path (the series' ggml-cpu AMX fix) broke the "two sequences" scenario on qwen4exp
@@ -53,7 +53,8 @@ def test_trained_models_identical(name, capsys):
     rc = bitident_main([str(model), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == EXIT_OK, [r for r in report["results"] if not r["ok"]]
-    assert len(report["results"]) == 5 * 4  # every scenario, every default mode
+    assert len(report["results"]) == 5 * len(MODES)  # every scenario, every default mode
+    assert {r["ran"] for r in report["results"]} == set(MODES)  # each at the distance asked for
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
@@ -193,6 +194,11 @@ def test_a_mode_that_did_not_run_as_asked_fails(tiny_model, tmp_path):
     assert header.debug_leak and header.graph_check_off  # the control is recorded in the header
     assert run_problem(leaky, n, "block", leak=True)[1] is None
     assert "not asked for and is applied" in run_problem(leaky, n, "block", leak=False)[1]
+    # a run one layer ahead where two were asked for
+    problem = run_problem(router, n, "router@2", leak=False)[1]
+    assert problem and "ahead 1, the check sets 2" in problem
+    ahead, n = _record(tiny_model("qwen3moe"), tmp_path, "router@2")
+    assert run_problem(ahead, n, "router@2", leak=False)[1] is None
 
 
 def test_the_graph_check_refuses_a_leaking_block(tiny_model, capsys):

@@ -67,6 +67,7 @@ def test_table(capsys, router, run):
     rc, out, err = run(router)
     assert rc == 0 and err == ""
     assert "arch qwen3moe | model tiny | mode router | depth 2 | margin none" in out
+    assert "| n_used 1 | ahead L+1\n" in out  # layer l predicted from layer l-1
     rows = table_rows(out)
     assert rows["layer"] == [
         "tokens",
@@ -108,6 +109,8 @@ def test_json(capsys, router, run):
     layers = {layer["layer"]: layer for layer in t["layers"]}
     assert sorted(layers) == [0, 1, 2]
     assert layers[1]["predicted"] and not layers[2]["predicted"]
+    assert [layers[i]["distance"] for i in range(3)] == [None, 1, None] and t["distances"] == [1]
+    assert t["total"]["distance"] == 1 and [x["distance"] for x in t["totals"]] == [1]
     assert layers[1]["read_recall"] == pytest.approx(2 / 3) and layers[1]["slot_recall_used"] == pytest.approx(1 / 3)
     assert layers[1]["precision"] == pytest.approx(1 / 3) and layers[1]["wasted_per_useful"] == 2.0
     assert layers[2]["read_recall"] is None and layers[2]["baseline_recall"] == pytest.approx(2 / 3)
@@ -130,11 +133,12 @@ def test_csv(capsys, router, run):
     assert rc == 0
     rows = list(csv.DictReader(io.StringIO(out)))
     assert out.splitlines()[0] == (
-        "trace,layer,predicted,records,tokens,slot_recall_used,slot_recall_depth,read_recall,precision,"
+        "trace,layer,distance,predicted,records,tokens,slot_recall_used,slot_recall_depth,read_recall,precision,"
         "wasted_per_useful,exact_match,gate_mass_recall,candidates_read,candidates_gated,baseline_tokens,"
         "baseline_recall"
     )
     assert [r["layer"] for r in rows] == ["0", "1", "2", "total"]
+    assert [r["distance"] for r in rows] == ["", "1", "", "1"]  # a version-2 prediction is one layer ahead
     assert float(rows[1]["read_recall"]) == pytest.approx(2 / 3) and rows[1]["predicted"] == "1"
     assert rows[2]["read_recall"] == "" and float(rows[2]["baseline_recall"]) == pytest.approx(2 / 3)
 

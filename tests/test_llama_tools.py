@@ -173,7 +173,7 @@ def _completion(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
 @pytest.mark.parametrize(
     ("flag", "value", "words"),
     [
-        ("--moe-predict", "blok", "is not one of off|router|block"),
+        ("--moe-predict", "blok", "is not one of off|router|block|learned"),
         ("--moe-predict-depth", "x", "is not a non-negative integer"),
         ("--moe-predict-margin", "-1", "is not a finite non-negative number"),
         ("--moe-prefetch", "always", "is not one of off|advise|read"),

@@ -59,7 +59,7 @@ def test_warning_texts() -> None:
     env = Env(mode=" Turbo ", depth="0", margin="-1", min="12", layers=" 0-2, x,9-7, ,99", no_attn="maybe", stats="2 ")
     _, warnings = parse_policy(env, 48, 128, 8)
     assert warnings == [
-        "ONEBIT_MOE_PREDICT=' Turbo ' is not one of off|router|block; using off",
+        "ONEBIT_MOE_PREDICT=' Turbo ' is not one of off|router|block|learned; using off",
         "ONEBIT_MOE_PREDICT_DEPTH=0 must be at least 1; ignored",
         "ONEBIT_MOE_PREDICT_MARGIN='-1' is not a finite non-negative number; ignored (no gate)",
         "ONEBIT_MOE_PREDICT_MIN=12 exceeds the depth 8; clamped to 8",

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctest_port.cases import DepthCase, KnobCase, LayersCase, MinCase, PolicyCase, ReadCase, read_cases
+from ctest_port.cases import AheadCase, DepthCase, KnobCase, LayersCase, MinCase, PolicyCase, ReadCase, read_cases
 from onebit_predict import policy as py
 from onebit_predict.policy import Env, Policy
 
@@ -93,6 +93,7 @@ def c_parse_policy(c_policy, env: Env, n_layer: int, n_expert: int, n_used: int)
         stats=bool(out.stats),
         n_layer_predicted=out.n_layer_predicted,
         layer_mask=frozenset(i for i, m in enumerate(ffi.buffer(out.layer_mask)[:]) if m),
+        ahead=out.ahead,
     )
     return policy, n_warn, ffi.string(warn).decode()
 
@@ -191,3 +192,11 @@ def test_resolve_knob(c_policy, case: KnobCase) -> None:
     api, env = c_str(case.api), c_str(case.env)
     got = lib.onebit_resolve_knob(api, env)
     assert (None if got == ffi.NULL else ffi.string(got).decode()) == case.expected
+
+
+@cases_of(AheadCase)
+def test_ahead(c_policy, case: AheadCase) -> None:
+    """ONEBIT_MOE_PREDICT_AHEAD=K: layers below K are never predicted, C and Python alike."""
+    env = Env(ahead=case.ahead, layers=case.layers)
+    p, n_warn = assert_policy_parity(c_policy, env, case.n_layer, 1, 1)
+    assert (p.ahead, p.layer_mask, n_warn) == (case.expected_ahead, case.expected_layers, case.n_warnings)

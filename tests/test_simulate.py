@@ -468,3 +468,33 @@ def test_real_trace(tiny_model, tmp_path, capsys, run):
             reads = x["bytes_read"] / size
             assert reads == int(reads) and x["bytes_wasted"] <= x["bytes_read"]
     assert Trace.open(out).header.mode_name == "block"
+
+
+def _ahead_case(path: Path, ahead: int) -> Path:
+    """3 layers, 4 experts, 1 used; layers 0 and 1 always use expert 0 (hits after the first
+    token: the drive idles there), layer 2 a new one each token, predicted (from layer 2-ahead)."""
+    h = TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=1, depth=1, mode=MODE_ROUTER, layers={2}, ahead=ahead)
+    with TraceWriter(path, h) as w:
+        for pos in range(4):
+            for layer in range(3):
+                actual = [pos % 4 if layer == 2 else 0]
+                pred = actual if layer == 2 else None
+                w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=actual, pred=pred, distance=ahead)
+    return path
+
+
+def test_prefetch_issued_k_layers_ahead(tmp_path, run):
+    """A prediction K layers out is issued at layer l-K's routing instant: with a read taking two
+    layers' compute (4 ms against 2), two layers of lead stall less than one, and the cost lands
+    on layer l-K."""
+    args = ("--expert-bytes", "1MB", "--bandwidth", "0.25GB/s", "--latency-us", "0", "--queue-depth", "1",
+            "--layer-ms", "2", "--route-at", "0.5", "--slots", "1", "--policy", "lru",
+            "--predictor-cost-pct", "10", "--json")  # fmt: skip
+    total = {}
+    for k in (1, 2):
+        rc, out, _ = run(_ahead_case(tmp_path / f"k{k}.trace", k), *args)
+        assert rc == EXIT_OK
+        report = json.loads(out)
+        assert report["model"]["cost_ms_by_layer"] == {str(2 - k): pytest.approx(0.6)}  # 10 % of 3 x 2 ms
+        total[k] = runs_of(out)["oracle"]["total_ms"]
+    assert total[2] < total[1]

@@ -41,16 +41,23 @@ CHUNKS = (1, 2, 5, 64, TRACE_CHUNK_RECORDS)
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in multiply:RuntimeWarning")
 
 
+def assert_same_counts(c: dict[int, LayerCounts], ref: dict[int, LayerCounts], where: str) -> None:
+    assert list(c) == list(ref), where
+    for layer, counts in c.items():
+        for f in fields(LayerCounts):
+            got, want = getattr(counts, f.name), getattr(ref[layer], f.name)
+            if f.name.startswith("mass"):  # summed in another order
+                assert got == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True), (where, layer, f.name)
+            else:
+                assert got == want, (where, layer, f.name)
+
+
 def assert_same(c: TraceStats, ref: TraceStats) -> None:
     assert c.issues == ref.issues
-    assert list(c.layers) == list(ref.layers)
-    for layer, counts in c.layers.items():
-        for f in fields(LayerCounts):
-            got, want = getattr(counts, f.name), getattr(ref.layers[layer], f.name)
-            if f.name.startswith("mass"):  # summed in another order
-                assert got == pytest.approx(want, rel=1e-12, abs=1e-12, nan_ok=True), (layer, f.name)
-            else:
-                assert got == want, (layer, f.name)
+    assert_same_counts(c.layers, ref.layers, "layers")
+    assert list(c.by_distance) == list(ref.by_distance)  # and per lookahead distance
+    for k, groups in c.by_distance.items():
+        assert_same_counts(groups, ref.by_distance[k], f"distance {k}")
 
 
 def both(trace: Trace, chunk: int = TRACE_CHUNK_RECORDS) -> TraceStats:
@@ -138,8 +145,13 @@ def test_hand_made(tmp_path, name, chunk, write_trace):
 # --- randomized traces --------------------------------------------------------------------
 
 
-def random_trace(path: Path, seed: int, *, shuffle: bool = False, big_experts: bool = False) -> Trace:
-    """A trace of ~1000-3000 records of several sequences, with every oddity at a low rate."""
+def random_trace(
+    path: Path, seed: int, *, shuffle: bool = False, big_experts: bool = False, ahead: bool = False
+) -> Trace:
+    """A trace of ~1000-3000 records of several sequences, with every oddity at a low rate.
+
+    ``ahead``: a version-3 trace whose PREDICTED records are 1..3 layers ahead at random (at
+    most their layer: a prediction on layer 0 loses its flag and stays as junk ids)."""
     rng = np.random.default_rng(seed)
     n_layer = int(rng.integers(2, 6))
     n_expert = int(rng.integers(3, 13)) + (65536 + 64 if big_experts else 0)
@@ -159,6 +171,7 @@ def random_trace(path: Path, seed: int, *, shuffle: bool = False, big_experts: b
         margin=margin,
         min_read=min_read,
         layers=layers,
+        version=3 if ahead else 2,
     )
     seqs = [int(s) for s in rng.choice(np.arange(-2, 6), size=int(rng.integers(1, 5)), replace=False)]
     pos = {s: 0 for s in seqs}
@@ -225,6 +238,10 @@ def random_trace(path: Path, seed: int, *, shuffle: bool = False, big_experts: b
     rec["n_read"] = np.where(pred_flag, n_read, 0)
     junk = ~pred_flag & (rng.random(n) < 0.02)  # unpredicted rows with ids or n_read
     rec["n_read"][junk] = 1
+    if ahead:
+        pred_flag &= rec["layer"] >= 1
+        far = np.minimum(rng.integers(1, 4, size=n), np.maximum(rec["layer"], 1))
+        rec["distance"] = np.where(pred_flag, far, 0)
     rec["flags"] = np.where(decode, TRACE_FLAG_DECODE, 0) | np.where(pred_flag, TRACE_FLAG_PREDICTED, 0)
     with TraceWriter(path, h) as wr:
         wr.write(rec)
@@ -237,6 +254,15 @@ def test_random_traces(tmp_path, seed):
     for chunk in CHUNKS[1:] if trace.n_records > 2000 else CHUNKS:
         st = both(trace, chunk)
     assert sum(c.base_tokens for c in st.layers.values()) > 0  # something was scored
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_traces_at_several_distances(tmp_path, seed):
+    # version 3, predictions 1..3 layers ahead mixed in one trace: the same counts per (layer, distance)
+    trace = random_trace(tmp_path / "t", 300 + seed, ahead=True, shuffle=seed % 2 == 1)
+    for chunk in (3, 64, TRACE_CHUNK_RECORDS):
+        st = both(trace, chunk)
+    assert len(st.distances) > 1 or trace.header.n_layer <= 2  # a layer >= 2 has had two distances
 
 
 @pytest.mark.parametrize("seed", range(6))

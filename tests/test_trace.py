@@ -208,7 +208,7 @@ def test_file_shorter_than_header(tmp_path, size):
     "kw, message",
     [
         (dict(magic=b"GGUF\0\0\0\0"), "bad magic"),
-        (dict(version=3), "version 3 is not supported"),
+        (dict(version=4), "version 4 is not supported"),
         (dict(version=0), "version 0 is not supported"),
         (dict(header_size=256), "header_size 256 != 512"),
         (dict(record_size=61), "record_size 61 != 60"),
@@ -218,7 +218,7 @@ def test_file_shorter_than_header(tmp_path, size):
         (dict(n_layer=0), "n_layer 0 is not in 1..512"),
         (dict(n_layer=513), "n_layer 513 is not in 1..512"),
         (dict(n_expert=0, n_used=0, depth=0, min_read=0), "n_expert is 0"),
-        (dict(mode=3), "unknown mode 3"),
+        (dict(mode=4), "unknown mode 4"),
         (dict(margin=-1.0), "margin -1.0 is not"),
         (dict(margin=math.nan), "margin nan is not"),
         (dict(min_read=4), "min_read 4 exceeds depth 3"),

@@ -57,9 +57,11 @@ def _stats_main():
 main = _stats_main()
 
 
-def _valid_trace() -> bytes:
-    """A small valid version-2 trace: 4 layers, 8 experts, top-2, depth 3, prefetch totals, 2 tokens."""
+def _valid_trace(version: int = 2) -> bytes:
+    """A small valid trace: 4 layers, 8 experts, top-2, depth 3, prefetch totals, 2 tokens (version 3:
+    its predictions one layer ahead)."""
     h = TraceHeader.build(
+        version=version,
         n_layer=4,
         n_expert=8,
         n_expert_used=2,
@@ -87,10 +89,16 @@ def _valid_trace() -> bytes:
         with TraceWriter(path, h) as w:
             for row in rows:
                 w.add(**row)
-        return path.read_bytes()
+        data = bytearray(path.read_bytes())
+    if version >= 3:  # offset 18 of each record: the distance, 1 where PREDICTED (every layer but 0)
+        for i, row in enumerate(rows):
+            struct.pack_into("<H", data, TRACE_HEADER_SIZE + i * h.record_size + 18, int(row["pred"] is not None))
+    return bytes(data)
 
 
 VALID = _valid_trace()
+VALID_V3 = _valid_trace(3)
+RECORD_SIZE = 20 + 8 * 2 + 8 * 3
 
 
 def run_stats(capsys, path: Path) -> tuple[int, str]:
@@ -114,9 +122,10 @@ def check_clean_exit(rc: int, err: str) -> None:
         assert any(line.startswith(f"{PROG}: ERROR: ") for line in lines), err
 
 
-def test_the_valid_trace_passes(capsys, tmp_path):
+@pytest.mark.parametrize("data", [VALID, VALID_V3], ids=["v2", "v3"])
+def test_the_valid_trace_passes(capsys, tmp_path, data):
     path = tmp_path / "t"
-    path.write_bytes(VALID)
+    path.write_bytes(data)
     rc, err = run_stats(capsys, path)
     assert (rc, err) == (0, "")
 
@@ -136,6 +145,40 @@ def test_mutated_header_never_ends_in_a_traceback(capsys, tmp_path, mutations):
     path = tmp_path / "t"
     path.write_bytes(bytes(data))
     check_clean_exit(*run_stats(capsys, path))
+
+
+# a version-3 record's layer, n_read, flags and distance (offsets 12..19), the fields a bad
+# distance is judged by: a mutation there exits 0, 1 (the control) or 2 (a bad distance), cleanly
+RECORD_BYTES = st.tuples(st.integers(0, 7), st.integers(12, 19)).map(
+    lambda t: TRACE_HEADER_SIZE + t[0] * RECORD_SIZE + t[1]
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mutations=st.lists(st.tuples(RECORD_BYTES, VALUES), min_size=1, max_size=4))
+def test_mutated_version_3_records_never_end_in_a_traceback(capsys, tmp_path, mutations):
+    data = bytearray(VALID_V3)
+    for pos, value in mutations:
+        data[pos] = value
+    path = tmp_path / "t"
+    path.write_bytes(bytes(data))
+    rc, err = run_stats(capsys, path)
+    check_clean_exit(rc, err)
+    if rc == EXIT_USAGE:
+        assert f"{PROG}: ERROR: {path}: bad trace record " in err and "distance" in err, err
+
+
+def test_version_2_trace_relabelled_3_exits_2(capsys, tmp_path):
+    """Version 2's PREDICTED records have distance 0: as version 3 they are malformed."""
+    path = tmp_path / "t"
+    flags = struct.unpack_from("<I", VALID, 52)[0]
+    path.write_bytes(_fields((8, "<I", 3), (52, "<I", flags | 1 << 8)))  # ahead 1 in the flags
+    rc, err = run_stats(capsys, path)
+    assert rc == EXIT_USAGE and "bad trace record 1 " in err and "distance 0 is not in 1..3" in err, err
+    # relabelled alone, its header has no ahead (flags bits 8..11): refused before any record
+    path.write_bytes(_field(8, "<I", 3))
+    rc, err = run_stats(capsys, path)
+    assert rc == EXIT_USAGE and "ahead 0 (flags bits 8..11) is not in 1..3" in err, err
 
 
 def _fields(*fields: tuple[int, str, object]) -> bytes:

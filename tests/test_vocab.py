@@ -30,13 +30,14 @@ from onebit_predict.models import vocab
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = REPO_ROOT / "models"
 HELDOUT = MODELS_DIR / "heldout.txt"
-MODELS = ("qwen3moe-tiny", "qwen4exp-tiny")
+MODELS = ("qwen3moe-tiny", "qwen4exp-tiny", "olmoe-tiny")
 
 # sha256 of the files the training runs' converter wrote (tokenizer model "none"), as
 # models/NAME.train.log records them: the committed files minus the vocabulary
 TRAINED_SHA256 = {
     "qwen3moe-tiny": "ad57f4c2f19738b72148f1d8f0f77abf73a0103f26813e69bf199bfb8b679670",
     "qwen4exp-tiny": "cba520c1d0bebd2ab143c8ed3d034846d64ed23e718e75d218833a7ea921bcdf",
+    "olmoe-tiny": "56e83301e7bcdf960768f0ba221f9cd75d863fb669790aa55631a805529ec9d4",
 }
 
 TRICKY = [

@@ -262,6 +262,7 @@ class _Content:
         rec["pred_logits"][pred] = logits
         rec["n_read"][pred] = n_read_rows(logits, h.margin, h.min_read)
         rec["flags"] = np.where(meta["decode"], TRACE_FLAG_DECODE, 0) | np.where(pred, TRACE_FLAG_PREDICTED, 0)
+        rec["distance"] = np.where(pred, 1, 0)  # every prediction one layer ahead
         return rec
 
 
@@ -303,12 +304,12 @@ path, chunk = sys.argv[1], int(sys.argv[2])
 h = np.fromfile(path, dtype="<u4", count=13)
 hs, rs, used, depth = int(h[3]), int(h[4]), int(h[7]), int(h[8])
 dt = np.dtype([("step", "<u4"), ("seq_id", "<i4"), ("pos", "<i4"), ("layer", "<u2"), ("n_read", "<u2"),
-               ("flags", "<u2"), ("reserved", "<u2"), ("actual_ids", "<i4", (used,)), ("actual_w", "<f4", (used,)),
+               ("flags", "<u2"), ("distance", "<u2"), ("actual_ids", "<i4", (used,)), ("actual_w", "<f4", (used,)),
                ("pred_ids", "<i4", (depth,)), ("pred_logits", "<f4", (depth,))])
 assert dt.itemsize == rs
 n = (np.memmap(path, dtype=np.uint8, mode="r").size - hs) // rs
 rec = np.memmap(path, dtype=dt, mode="r", offset=hs, shape=(n,))
-ints = ("step", "seq_id", "pos", "layer", "n_read", "flags", "actual_ids", "pred_ids")
+ints = ("step", "seq_id", "pos", "layer", "n_read", "flags", "distance", "actual_ids", "pred_ids")
 isum, fsum = 0, 0.0
 for start in range(0, n, chunk):
     c = rec[start : start + chunk]

@@ -26,6 +26,7 @@ committed models (models/README.md has their curves, checks and sha256):
     python tools/train_tiny.py --arch qwen3moe --out models/qwen3moe-tiny.gguf --seed 1 --steps 500
     python tools/train_tiny.py --arch qwen4exp --out models/qwen4exp-tiny.gguf --seed 1 --steps 200 \
         --batch 8 --eval-every 25
+    python tools/train_tiny.py --arch olmoe --out models/olmoe-tiny.gguf --seed 1 --steps 600
     python tools/train_tiny.py --check models/qwen3moe-tiny.gguf    # NMSE vs models/qwen3moe-tiny-hf/
 
 Training writes ``NAME.gguf``, the float16 transformers checkpoint ``NAME-hf/``, the record
@@ -129,11 +130,9 @@ def val_windows(val, ctx: int, n: int):
 # --- model configurations ----------------------------------------------------------------
 
 
-def build_config(arch: str, ctx: int):
-    """The transformers config of the tiny model for ``arch``."""
-    import transformers as tf
-
-    common = dict(
+def _common(ctx: int) -> dict:
+    """The config fields every tiny model shares: the byte vocabulary, the context, the router loss."""
+    return dict(
         vocab_size=VOCAB,
         max_position_embeddings=ctx,
         rms_norm_eps=1e-6,
@@ -145,85 +144,114 @@ def build_config(arch: str, ctx: int):
         output_router_logits=True,
         router_aux_loss_coef=0.01,
     )
-    if arch == "qwen3moe":
-        return tf.Qwen3MoeConfig(
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=8,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            moe_intermediate_size=64,
-            num_experts=16,
-            num_experts_per_tok=4,
-            norm_topk_prob=True,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            **common,
-        )
-    if arch == "olmoe":
-        return tf.OlmoeConfig(
-            hidden_size=64,
-            intermediate_size=64,
-            num_hidden_layers=8,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-            num_experts=16,
-            num_experts_per_tok=2,
-            norm_topk_prob=False,
-            **common,
-        )
-    if arch == "qwen4exp":
-        # 8 layers: Gated DeltaNet on 3 of 4, QSA-indexed full attention on layers 3 and 7;
-        # 4 hyper-connection streams; PLE (hashed 2- and 3-gram embeddings) on layer 2 (1-based), a
-        # DeltaNet layer; a shared expert next to the 16 routed ones
-        return tf.Qwen4ExpTextConfig(
-            hidden_size=64,
-            num_hidden_layers=8,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            rope_parameters={
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "partial_rotary_factor": 0.5,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-            },
-            linear_conv_kernel_dim=4,
-            linear_key_head_dim=16,
-            linear_value_head_dim=16,
-            linear_num_key_heads=2,
-            linear_num_value_heads=4,
-            moe_intermediate_size=64,
-            shared_expert_intermediate_size=64,
-            num_experts=16,
-            num_experts_per_tok=2,
-            norm_topk_prob=True,
-            layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(8)],
-            hc_count=4,
-            hc_lowrank=32,
-            ple_layer_ids=[2],
-            ple_embed_dim=64,
-            ple_conv_kernel_size=4,
-            ngram_size=3,
-            heads_per_ngram=2,
-            ngram_vocab_size_base=1009,
-            make_ngram_vocab_size_divisible_by=16,
-            split_ngram_parts=1,
-            seed=1234,
-            indexer_n_heads=2,
-            indexer_kv_heads=1,
-            indexer_head_dim=16,
-            indexer_budget=256,
-            indexer_compress_ratio=4,
-            # llama.cpp's qwen4exp graph always gates the DeltaNet output with a sigmoid (build_norm_gated)
-            output_gate_type="sigmoid",
-            **common,
-        )
-    raise SystemExit(f"train_tiny: unknown --arch {arch}")
+
+
+def config_qwen3moe(ctx: int):
+    """8 layers, all MoE; 16 experts, 4 used per token."""
+    import transformers as tf
+
+    return tf.Qwen3MoeConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        moe_intermediate_size=64,
+        num_experts=16,
+        num_experts_per_tok=4,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        **_common(ctx),
+    )
+
+
+def config_olmoe(ctx: int):
+    """OLMoE-1B-7B's shape, scaled down: 64 experts, 8 used per token, every layer MoE.
+
+    12 layers (OLMoE-1B-7B has 16), hidden 64, expert FFN 32 (half the hidden size, as 1024
+    is of 2048 there); full multi-head attention (4 heads of 16, q/k norm over the whole
+    projection), no renormalisation of the top-8 gate weights (``norm_topk_prob=False``, as
+    OLMoE). In OLMoE ``intermediate_size`` is the expert FFN width (there is no dense MLP).
+    """
+    import transformers as tf
+
+    return tf.OlmoeConfig(
+        hidden_size=64,
+        intermediate_size=32,
+        num_hidden_layers=12,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        num_experts=64,
+        num_experts_per_tok=8,
+        norm_topk_prob=False,
+        **_common(ctx),
+    )
+
+
+def config_qwen4exp(ctx: int):
+    """8 layers: Gated DeltaNet on 3 of 4, QSA-indexed full attention on layers 3 and 7;
+    4 hyper-connection streams; PLE (hashed 2- and 3-gram embeddings) on layer 2 (1-based), a
+    DeltaNet layer; a shared expert next to the 16 routed ones."""
+    import transformers as tf
+
+    return tf.Qwen4ExpTextConfig(
+        hidden_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
+        },
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        moe_intermediate_size=64,
+        shared_expert_intermediate_size=64,
+        num_experts=16,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        layer_types=["linear_attention" if (i + 1) % 4 else "full_attention" for i in range(8)],
+        hc_count=4,
+        hc_lowrank=32,
+        ple_layer_ids=[2],
+        ple_embed_dim=64,
+        ple_conv_kernel_size=4,
+        ngram_size=3,
+        heads_per_ngram=2,
+        ngram_vocab_size_base=1009,
+        make_ngram_vocab_size_divisible_by=16,
+        split_ngram_parts=1,
+        seed=1234,
+        indexer_n_heads=2,
+        indexer_kv_heads=1,
+        indexer_head_dim=16,
+        indexer_budget=256,
+        indexer_compress_ratio=4,
+        # llama.cpp's qwen4exp graph always gates the DeltaNet output with a sigmoid (build_norm_gated)
+        output_gate_type="sigmoid",
+        **_common(ctx),
+    )
+
+
+CONFIGS = {"qwen3moe": config_qwen3moe, "olmoe": config_olmoe, "qwen4exp": config_qwen4exp}
+
+
+def build_config(arch: str, ctx: int):
+    """The transformers config of the tiny model for ``arch``."""
+    if arch not in CONFIGS:
+        raise SystemExit(f"train_tiny: unknown --arch {arch}")
+    return CONFIGS[arch](ctx)
 
 
 def dense_qsa_fast_path(model) -> int:

@@ -1,4 +1,5 @@
-"""``onebit-stats simulate --plot FILE.png``: per-layer hit rate and tok/s against bandwidth.
+"""The plots: ``onebit-stats simulate --plot FILE.png`` (per-layer hit rate and tok/s against
+bandwidth) and ``onebit-stats plot-memory REPORT.json --png FILE.png`` (tok/s against the memory limit).
 
 matplotlib is the optional ``plot`` extra (``pip install 'onebit-predict[plot]'``);
 ``require_matplotlib`` raises ``PlotUnavailable`` with that hint when it is missing.
@@ -15,12 +16,12 @@ class PlotUnavailable(RuntimeError):
     """matplotlib is not installed."""
 
 
-def require_matplotlib() -> None:
+def require_matplotlib(option: str = "--plot") -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise PlotUnavailable(
-            "--plot needs matplotlib, the optional 'plot' extra: "
+            f"{option} needs matplotlib, the optional 'plot' extra: "
             "pip install 'onebit-predict[plot]' (or pip install matplotlib)"
         ) from None
 
@@ -53,6 +54,65 @@ def plot_simulation(result: SimResult, path: str | Path, title: str, marked: lis
     right.set_title("tok/s against bandwidth")
     right.legend(fontsize="small")
     fig.suptitle(title, fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
+def plot_memory(
+    series: list[tuple[str, str, list[tuple[float, float, float | None, float | None]]]],
+    path: str | Path,
+    title: str,
+    resident_at: dict[str, float],
+) -> None:
+    """Decode tok/s against the memory limit: one line per (expert size, configuration), a colour per
+    configuration, a line style per expert size; ``series`` is (size label, configuration, points of
+    (limit MiB, tok/s, min, max)); ``resident_at``: where each size's resident runs are drawn."""
+    require_matplotlib("--png")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = list(dict.fromkeys(s for s, _, _ in series))
+    configs = list(dict.fromkeys(c for _, c, _ in series))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, ax = plt.subplots(figsize=(9, 5.2))
+    for size, config, points in series:
+        points = sorted(points)
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
+        lo = [p[1] - (p[2] if p[2] is not None else p[1]) for p in points]
+        hi = [(p[3] if p[3] is not None else p[1]) - p[1] for p in points]
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=[lo, hi],
+            color=colours[configs.index(config) % len(colours)],
+            linestyle=LINE_STYLES[sizes.index(size) % len(LINE_STYLES)],
+            marker="o",
+            markersize=3.5,
+            capsize=2,
+            linewidth=1.2,
+            label=f"{config} ({size})" if len(sizes) > 1 else config,
+        )
+    for size, x in resident_at.items():
+        ax.axvline(x, color="grey", linewidth=0.6, linestyle=LINE_STYLES[sizes.index(size) % len(LINE_STYLES)])
+        label = f"resident ({size})" if len(sizes) > 1 else "resident"
+        ax.text(x, 0.02, label, transform=ax.get_xaxis_transform(), fontsize="x-small", color="grey", rotation=90)
+    ax.set_xlabel("memory limit, MiB (the cgroup's; resident: no limit)")
+    ax.set_ylabel("decode tok/s (median; bars: min-max)")
+    values = [p[1] for _, _, pts in series for p in pts if p[1] > 0]
+    if values and max(values) / min(values) > 20:  # resident runs far above the limited ones
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize="medium")
+    ax.grid(True, linewidth=0.3)
+    ax.legend(fontsize="x-small", ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

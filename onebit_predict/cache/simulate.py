@@ -6,12 +6,12 @@ Deterministic and event-ordered; every rule is in docs/cost-model.md. In short:
   s_i = max(a_i, c_{i-Q}) (at most Q reads in service), its data starts to flow at
   x_i = max(s_i + latency, c_{i-1}) (latencies overlap, transfers share the bandwidth one
   after another) and it completes at c_i = x_i + bytes / bandwidth;
-- a layer: it starts when the previous one ends; after ``route_at`` of its compute time
-  (attention, norms, router; plus the predictor's cost on layers that predict the next
-  one) its routing is known: at that instant R its missing experts are read on demand and
-  the prediction for the next layer is issued (its prefetch reads queue behind the demand
-  reads). The rest of its compute starts when all its experts are in memory (the wait is a
-  demand stall) and ends the layer;
+- a layer l: it starts when the previous one ends; after ``route_at`` of its compute time
+  (attention, norms, router; plus the predictor's cost on layers that predict one) its
+  routing is known: at that instant R its missing experts are read on demand and the
+  prediction for layer l+K is issued (K: the trace's lookahead, 1 before trace version 3;
+  its prefetch reads queue behind the demand reads). The rest of its compute starts when all
+  its experts are in memory (the wait is a demand stall) and ends the layer;
 - the cache: onebit_predict.replay with charged prefetch (a prefetch takes a slot and a
   read); its decisions do not depend on time, so one replay serves every bandwidth. With
   ``cache.cold`` it is emptied before every token (``onebit-bench --cold``): only the same
@@ -162,13 +162,14 @@ def cost_per_layer(routing: Routing, compute: ComputeModel) -> dict[int, float]:
     """ms the trace's predictor adds to each layer that predicts the next one.
 
     The cost is given as a share of a token's compute (``n_layers * layer_ms``, the way
-    onebit-bench measures it) and spread evenly over the layers l whose next layer l+1 is
-    predicted.
+    onebit-bench measures it) and spread evenly over the layers l whose layer l+K is predicted
+    (K: the trace's lookahead, ``header.ahead``).
     """
     if compute.predictor_cost_pct == 0 or not routing.has_predictor:
         return {}
+    k = routing.header.ahead
     predicting = [
-        layer for layer in routing.layers if layer + 1 in routing.predicted_layers and layer + 1 in routing.layers
+        layer for layer in routing.layers if layer + k in routing.predicted_layers and layer + k in routing.layers
     ]
     if not predicting:
         return {}
@@ -185,8 +186,11 @@ def time_run(
     cost_layers: dict[int, float],
     predictor: str,
 ) -> PredictorRun:
-    """Play a replay's read schedule on the drive, token by token, layer by layer."""
+    """Play a replay's read schedule on the drive, token by token, layer by layer; layer l's
+    routing instant issues the prefetch of layer l+K (K: the trace's lookahead, for every
+    predictor alike)."""
     layers = sorted(replays)
+    ahead = routing.header.ahead
     # plain Python lists: this loop touches a few items per (token, layer), where numpy's
     # per-call overhead would dominate
     local = {layer: routing.local_index(layer).tolist() for layer in layers}
@@ -221,7 +225,7 @@ def time_run(
             d, nbytes = done[layer], expert_bytes[layer]
             for x in range(starts[layer][i] + n_pf[layer][i], starts[layer][i + 1]):
                 d[x] = drive.read(routed, nbytes)
-            nxt = layer + 1
+            nxt = layer + ahead
             if nxt in replays:
                 j = local[nxt][k]
                 if j >= 0:

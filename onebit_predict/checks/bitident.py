@@ -1,13 +1,15 @@
 """The off-vs-predictor bit-identity check.
 
-Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router and
-block, and with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
-``PREDICTOR[+CONSUMER]``), in several scenarios (multi-ubatch prefill then single-token decode; two sequences
-in one batch; a state save and restore in the middle; flash attention on and off; 1 and 2
-threads), and compares every logits row as bytes, never with a tolerance. A predictor run
-passes only if it also predicted: its trace must hold a PREDICTED record for every routed
-row of every predicted layer, so a check that silently predicted nothing cannot pass; with a
-consumer, the trace must also show that it ran, issued reads and had no failure.
+Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router, block and
+learned, and with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
+``PREDICTOR[@K][+CONSUMER]``, ``@K`` predicting K layers ahead), in several scenarios
+(multi-ubatch prefill then single-token decode; two sequences in one batch; a state save and
+restore in the middle; flash attention on and off; 1 and 2 threads), and compares every logits
+row as bytes, never with a tolerance. A predictor run passes only if it also predicted: its
+trace must hold a PREDICTED record for every routed row of every predicted layer, each at the
+distance asked for, so a check that silently predicted nothing, or predicted one layer ahead
+when asked for two, cannot pass; with a consumer, the trace must also show that it ran, issued
+reads and had no failure.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from ..constants import (
+    AHEAD_MAX,
     DEBUG_LEAK_UNCHECKED,
+    ENV_AHEAD,
     ENV_ALL,
     ENV_DEBUG_LEAK,
+    ENV_LEARNED,
     ENV_MODE,
     ENV_OUT,
     ENV_PREFETCH,
@@ -33,10 +38,11 @@ from ..constants import (
 from ..llama.runner import Context, ContextSettings, Model, builtin_tokens
 from ..trace import Trace, TraceHeader
 
-PREDICTORS = ("router", "block")
+PREDICTORS = ("router", "block", "learned")
 CONSUMERS = tuple(name for name in PREFETCH_NAMES.values() if name != "off")
-# every predictor and every consumer at least once; any PREDICTOR+CONSUMER pair is accepted
-MODES = ("router", "block", "router+advise", "block+read")
+# every predictor, every consumer and a lookahead of each predictor at least once; any
+# PREDICTOR[@K][+CONSUMER] is accepted
+MODES = ("router", "block", "router+advise", "block+read", "router@2", "block@3+advise", "learned@2")
 N_PREFILL = 24
 N_DECODE = 16
 
@@ -136,29 +142,62 @@ FEEDS: dict[str, Callable[[Context, RunOutput, list[int]], None]] = {
 
 
 def split_mode(mode: str) -> tuple[str, str | None]:
-    """``block+read`` -> ("block", "read"); ``router`` -> ("router", None). ValueError if unknown."""
+    """``block+read`` -> ("block", "read"); ``router`` -> ("router", None); ``router@2`` ->
+    ("router", None) (the distance: mode_ahead). ValueError if unknown."""
     predictor, _, consumer = mode.partition("+")
+    predictor, at, ahead = predictor.partition("@")
     if predictor not in PREDICTORS + ("off",) or (consumer and (consumer not in CONSUMERS or predictor == "off")):
+        raise ValueError(mode)
+    if at and (predictor == "off" or ahead not in [str(k) for k in range(1, AHEAD_MAX + 1)]):
         raise ValueError(mode)
     return predictor, consumer or None
 
 
-def run_env(mode: str, trace: Path | None, leak: bool) -> dict[str, str | None]:
+def mode_ahead(mode: str) -> int:
+    """The K of ``PREDICTOR@K[+CONSUMER]``, 1 without ``@K``."""
+    split_mode(mode)
+    _, at, ahead = mode.partition("+")[0].partition("@")
+    return int(ahead) if at else 1
+
+
+def random_sidecar(model: Path, ahead: int, path: Path, seed: int) -> Path:
+    """A learned-predictor sidecar for ``model`` with random weights (bit-identity does not depend
+    on what the predictor predicts, only on its running), written to ``path``."""
+    from ..learned import LearnedLayer, LearnedPredictor, write_learned
+    from ..models.gguf_keys import arch_value
+
+    n_layer, n_embd, n_expert = (int(arch_value(model, k)) for k in ("block_count", "embedding_length", "expert_count"))
+    rng = np.random.default_rng(seed)
+    layers = {
+        il: LearnedLayer(
+            rng.standard_normal((n_expert, n_embd), dtype=np.float32), rng.standard_normal(n_expert, dtype=np.float32)
+        )
+        for il in range(ahead, n_layer)
+    }
+    write_learned(path, LearnedPredictor(ahead, n_embd, n_expert, "onebit-bitident random", "chunks", 0, layers))
+    return path
+
+
+def run_env(mode: str, trace: Path | None, leak: bool, learned: Path | None = None) -> dict[str, str | None]:
     """The predictor's whole environment for one run: every variable libllama reads is set or
     cleared here, so nothing is inherited from the caller (the off reference has none set, and
-    so builds exactly the unpatched graph)."""
+    so builds exactly the unpatched graph); ``learned``: the sidecar of a learned mode."""
     predictor, consumer = split_mode(mode)
     env: dict[str, str | None] = dict.fromkeys(ENV_ALL)
     env[ENV_MODE] = None if predictor == "off" else predictor
+    env[ENV_AHEAD] = str(mode_ahead(mode)) if "@" in mode else None
     env[ENV_PREFETCH] = consumer
     env[ENV_OUT] = str(trace) if trace else None
     env[ENV_DEBUG_LEAK] = DEBUG_LEAK_UNCHECKED if leak else None
+    env[ENV_LEARNED] = str(learned) if predictor == "learned" and learned is not None else None
     return env
 
 
-def run_once(model: Model, scenario: Scenario, mode: str, trace: Path | None, leak: bool, seed: int) -> RunOutput:
+def run_once(
+    model: Model, scenario: Scenario, mode: str, trace: Path | None, leak: bool, seed: int, learned: Path | None = None
+) -> RunOutput:
     """Feed the scenario's tokens through one fresh context with the given mode."""
-    env = run_env(mode, trace, leak)
+    env = run_env(mode, trace, leak, learned)
     toks = builtin_tokens(2 * N_PREFILL + 2 * N_DECODE, model.n_vocab, seed)
     out = RunOutput()
     with Context(model, scenario.settings, env) as ctx:
@@ -194,19 +233,20 @@ def consumer_problem(trace: Trace, consumer: str) -> str | None:
     return None
 
 
-def settings_problem(h: TraceHeader, predictor: str, leak: bool) -> str | None:
+def settings_problem(h: TraceHeader, predictor: str, leak: bool, ahead: int = 1) -> str | None:
     """Why the header shows a run other than the one asked for, or None: the mode (block falls
-    back to router where it cannot run), every knob at its default, and the negative control
-    applied exactly when it was asked for."""
+    back to router where it cannot run), the lookahead asked for, every other knob at its
+    default, and the negative control applied exactly when it was asked for."""
     if h.mode_name != predictor:
         return f"{predictor} was asked for, the trace records {h.mode_name} (see the notice above)"
     defaults = {
+        "ahead": (h.ahead, ahead),
         "depth": (h.depth_requested, 0),
         "margin": (h.margin, float("inf")),
         "min": (h.min_read, min(h.n_expert_used, h.depth)),
         "no_attn": (h.no_attn, False),
         "debug_self": (h.debug_self, False),
-        "layers": (sorted(h.layer_mask), list(range(1, h.n_layer))),
+        "layers": (sorted(h.layer_mask), list(range(ahead, h.n_layer))),
     }
     for name, (got, want) in defaults.items():
         if got != want:
@@ -217,12 +257,15 @@ def settings_problem(h: TraceHeader, predictor: str, leak: bool) -> str | None:
     return None
 
 
-def prediction_problem(path: Path, n_routed: int, consumer: str | None = None) -> tuple[int, str | None, str]:
+def prediction_problem(
+    path: Path, n_routed: int, consumer: str | None = None, ahead: int = 1
+) -> tuple[int, str | None, str]:
     """(PREDICTED records, why the trace proves too little or None, the mode it ran) for a
     run of n_routed rows.
 
     Every predicted layer that routes (a MoE layer) must hold exactly n_routed records, all
-    PREDICTED; at least one such layer must exist. With a consumer, consumer_problem too.
+    PREDICTED at distance ``ahead``; at least one such layer must exist. With a consumer,
+    consumer_problem too.
     """
     trace = Trace.open(path)
     n_layer = trace.header.n_layer
@@ -230,11 +273,11 @@ def prediction_problem(path: Path, n_routed: int, consumer: str | None = None) -
     predicted = np.zeros(n_layer, dtype=np.int64)
     for chunk in trace.iter_chunks():
         records += np.bincount(chunk["layer"], minlength=n_layer)[:n_layer]
-        hit = (chunk["flags"] & TRACE_FLAG_PREDICTED) != 0
+        hit = ((chunk["flags"] & TRACE_FLAG_PREDICTED) != 0) & (chunk["distance"] == ahead)
         predicted += np.bincount(chunk["layer"][hit], minlength=n_layer)[:n_layer]
     layers = [il for il in sorted(trace.header.layer_mask) if il < n_layer and records[il] > 0]
     total = int(predicted.sum())
-    ran = MODE_NAMES.get(trace.header.mode, "?")
+    ran = MODE_NAMES.get(trace.header.mode, "?") + (f"@{trace.header.ahead}" if trace.header.ahead != 1 else "")
     if consumer is not None:
         ran += "+" + trace.header.prefetch_name
         problem = consumer_problem(trace, consumer)
@@ -246,7 +289,10 @@ def prediction_problem(path: Path, n_routed: int, consumer: str | None = None) -
         if records[il] != n_routed or predicted[il] != n_routed:
             return (
                 total,
-                (f"layer {il}: {predicted[il]} predicted of {records[il]} records, {n_routed} rows were routed"),
+                (
+                    f"layer {il}: {predicted[il]} predicted {ahead} layer(s) ahead of {records[il]} records, "
+                    f"{n_routed} rows were routed"
+                ),
                 ran,
             )
     return total, None, ran
@@ -257,8 +303,9 @@ def run_problem(path: Path, n_routed: int, mode: str, leak: bool) -> tuple[int, 
     (settings_problem): a mode that did not run as asked, or a control that was not applied, fails
     with the reason."""
     predictor, consumer = split_mode(mode)
-    predicted, problem, ran = prediction_problem(path, n_routed, consumer)
-    settings = settings_problem(Trace.open(path).header, predictor, leak)
+    ahead = mode_ahead(mode)
+    predicted, problem, ran = prediction_problem(path, n_routed, consumer, ahead)
+    settings = settings_problem(Trace.open(path).header, predictor, leak, ahead)
     return predicted, settings or problem, ran
 
 
@@ -274,12 +321,17 @@ def check_model(
     results = []
     with tempfile.TemporaryDirectory(prefix="onebit-bitident-") as tmp:
         traces = trace_dir or Path(tmp)
+        sidecars = {
+            mode: random_sidecar(model.path, mode_ahead(mode), Path(tmp) / f"learned-{mode}.gguf", seed)
+            for mode in modes
+            if split_mode(mode)[0] == "learned"
+        }
         for sc in scenarios:
             ref = run_once(model, sc, "off", None, False, seed)
             for mode in modes:
                 path = traces / f"{sc.name.replace(' ', '_').replace('+', '_')}-{mode}.bin"
                 leaky = leak and mode == "block"
-                out = run_once(model, sc, mode, path, leaky, seed)
+                out = run_once(model, sc, mode, path, leaky, seed, sidecars.get(mode))
                 predicted, problem, ran = run_problem(path, out.n_routed, mode, leaky)
                 mismatch = first_mismatch(ref.rows, out.rows)
                 results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))

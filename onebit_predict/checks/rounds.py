@@ -47,6 +47,7 @@ class BenchOptions:
     text_file: Path | None = None  # feed this file's bytes as token ids
     cold_method: str | None = None  # --cold: the eviction method (None: no eviction)
     memory_limit: int | None = None  # --memory-limit: each run confined to a memory cgroup of this many bytes
+    warm: bool = False  # --memory-limit resident: the model file read into the page cache before each run
     extra_bufts: bool = True  # False: the plain CPU kernels (quantized AMX faults on some VMs)
 
 
@@ -96,6 +97,8 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
     if not opts.extra_bufts:
         cmd += ["--no-extra-bufts"]
     group = None
+    if opts.warm:
+        read_through(model)
     if opts.memory_limit is not None:
         from ..llama.cgroup import MemoryCgroup
 
@@ -115,6 +118,13 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         out["major_faults"],
         out["seconds"],
     )
+
+
+def read_through(path: Path, chunk: int = 8 << 20) -> None:
+    """Read a file once, so that its pages are in the page cache when a worker maps it."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(chunk):
+            pass
 
 
 def collect(

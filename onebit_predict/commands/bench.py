@@ -170,13 +170,19 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
 
 
 def _limits(texts: list[str], expert_bytes: int) -> list[int]:
-    """--memory-limit's bytes: ``50%`` of the expert bytes, or a size (``160MiB``)."""
+    """--memory-limit's bytes: ``50%`` of the expert bytes, a size (``160MiB``), or ``resident``
+    (RESIDENT: no limit, the model file read into the page cache before each run)."""
+    from ..checks.bench_memory import RESIDENT
+
     out = []
     for t in texts:
+        if t == "resident":
+            out.append(RESIDENT)
+            continue
         try:
             n = float(t[:-1]) / 100 * expert_bytes if t.endswith("%") else parse_size(t)
         except ValueError:
-            raise UsageError(f"--memory-limit: '{t}' is neither a share (50%) nor a size (160MiB)") from None
+            raise UsageError(f"--memory-limit: '{t}' is neither a share (50%), a size (160MiB) nor resident") from None
         if not 16 * 2**20 <= n:
             raise UsageError(f"--memory-limit: '{t}' is {n / 2**20:.1f} MiB; at least 16 MiB (the process needs it)")
         out.append(int(n))
@@ -188,13 +194,22 @@ def _memory(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
     from ..llama.cgroup import MemoryCgroup
     from ..llama.drive import measure_drive
     from ..llama.evict import expert_spans
+    from ..models.gguf_keys import arch_value
 
     expert_bytes = sum(s.size for s in expert_spans(args.model))
     limits = _limits(args.memory_limit, expert_bytes)
-    MemoryCgroup(f"onebit-bench-probe-{os.getpid()}", limits[0]).remove()  # CgroupError (exit 2) says why not
+    for limit in [n for n in limits if n][:1]:
+        MemoryCgroup(f"onebit-bench-probe-{os.getpid()}", limit).remove()  # CgroupError (exit 2) says why not
     drive = measure_drive(args.model.resolve().parent)
     with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
-        rows = measure_memory(args.model, memory_configs(Path(tmp)), lib, opts, limits, drive.bandwidth_mb_s)
+        rows = measure_memory(
+            args.model,
+            memory_configs(Path(tmp), int(arch_value(args.model, "expert_count"))),
+            lib,
+            opts,
+            limits,
+            drive.bandwidth_mb_s,
+        )
     if args.json:
         extra = {"expert_bytes": expert_bytes, "drive": asdict(drive), "memory_limits": limits}
         print(json.dumps(_run_json(args.model, opts, rows) | extra, indent=2))

@@ -38,8 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--modes",
         default=",".join(MODES),
-        help="comma-separated modes to compare with off: router or block, optionally +advise or +read "
-        "(the prefetch consumer)",
+        help="comma-separated modes to compare with off: router or block, optionally @K (predict K = 1..3 "
+        "layers ahead), optionally +advise or +read (the prefetch consumer)",
     )
     p.add_argument(
         "--scenarios",
@@ -82,7 +82,7 @@ def _modes(text: str) -> list[str]:
         if not modes or any(split_mode(m)[0] == "off" for m in modes):
             raise ValueError(text)
     except ValueError:
-        raise UsageError(f"--modes must list modes like {', '.join(MODES)} (PREDICTOR[+CONSUMER])") from None
+        raise UsageError(f"--modes must list modes like {', '.join(MODES)} (PREDICTOR[@K][+CONSUMER])") from None
     return modes
 
 

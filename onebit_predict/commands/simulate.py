@@ -13,7 +13,13 @@ measurement (a prediction can then only help as the same token's prefetch).
 
 A table by default; ``--json`` or ``--csv`` on stdout; ``--plot FILE.png`` (needs the
 ``plot`` extra: matplotlib); logs on stderr.
-Exit codes: 0 ok; 2 usage or input error. A subcommand of ``onebit-stats`` (commands/stats.py).
+
+``--granularity page``, ``--memory-limit`` and ``--measured`` run the page-granular model
+instead (commands/simulate_pages.py, cache/pages.py): major faults, readahead windows, the
+page cache under a memory cgroup, the consumer's requests; ``--measured`` checks it against
+an ``onebit-bench --memory-limit`` or ``--cold`` report.
+Exit codes: 0 ok; 1 a checked row of --measured missed; 2 usage or input error. A
+subcommand of ``onebit-stats`` (commands/stats.py).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import sys
 from pathlib import Path
 
 from ..cache.expert_bytes import ModelError, expert_bytes_from_gguf
+from ..cache.measured import from_bench
 from ..cache.replay import CacheConfig
 from ..cache.routing import Routing, load_routing
 from ..cache.simulate import PRED_NONE, ComputeModel, SimResult, simulate, spent_saved
@@ -39,11 +46,12 @@ from ..constants import (
 )
 from ..trace import Trace
 from ..units import fmt_bandwidth, parse_bandwidth, parse_size
+from . import simulate_pages
 from .common import UsageError, add_lfru_window, arg_type, comma_list, fmt, header_summary, positive_int, table
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Decode-time model of a streamed expert pipeline on a P/A trace's routing (docs/cost-model.md)."
-EPILOG = "exit codes: 0 ok, 2 usage or input error"
+EPILOG = "exit codes: 0 ok, 1 a --measured row missed by more than --tolerance, 2 usage or input error"
 MB = 1e6
 
 
@@ -66,7 +74,7 @@ def _fraction(text: str) -> float:
 
 def configure(p: argparse.ArgumentParser) -> None:
     """The options of ``onebit-stats simulate`` (TRACE and --json/--csv come from the parents)."""
-    size = p.add_mutually_exclusive_group(required=True)
+    size = p.add_mutually_exclusive_group()
     size.add_argument(
         "--model",
         type=Path,
@@ -81,22 +89,19 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--bandwidth",
-        required=True,
         type=arg_type(comma_list(parse_bandwidth)),
         metavar="BW[,BW...]",
-        help="drive bandwidth, e.g. 3GB/s or 3GB/s,7GB/s",
+        help="drive bandwidth, e.g. 3GB/s or 3GB/s,7GB/s (required but with --measured: its drive)",
     )
     p.add_argument(
         "--latency-us",
         type=arg_type(_nonneg_float),
-        default=SIM_LATENCY_US_DEFAULT,
         metavar="US",
-        help=f"per-read latency in microseconds (default {SIM_LATENCY_US_DEFAULT:g})",
+        help=f"per-read latency in microseconds (default {SIM_LATENCY_US_DEFAULT:g}, or --measured's drive)",
     )
     p.add_argument(
         "--queue-depth",
         type=arg_type(positive_int),
-        default=SIM_QUEUE_DEPTH_DEFAULT,
         metavar="Q",
         help=f"reads in service at once (default {SIM_QUEUE_DEPTH_DEFAULT})",
     )
@@ -116,7 +121,6 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--route-at",
         type=arg_type(_fraction),
-        default=SIM_ROUTE_AT_DEFAULT,
         metavar="F",
         help=f"fraction of a layer's compute before its router runs (default {SIM_ROUTE_AT_DEFAULT:g})",
     )
@@ -147,21 +151,7 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="FILE.png",
         help="per-layer hit rate and tok/s against bandwidth (needs matplotlib: the 'plot' extra)",
     )
-
-
-def _from_bench(path: Path, mode: str, n_layer: int) -> tuple[float, float | None]:
-    """(layer ms, cost % of the trace's mode or None) from onebit-bench --json; ValueError if unusable."""
-    try:
-        rows = {r["name"]: r for r in json.loads(path.read_text())["rows"]}
-        off = float(rows["patched off"]["median_tok_s"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"--bench-json {path}: not an onebit-bench --json report ({e!r})") from None
-    if not off > 0:
-        raise ValueError(f"--bench-json {path}: 'patched off' has {off} tok/s")
-    cost = None
-    if mode in rows and float(rows[mode].get("ratio_to_off", 0)) > 0:
-        cost = max(0.0, (1.0 / float(rows[mode]["ratio_to_off"]) - 1.0) * 100.0)
-    return 1000.0 / off / n_layer, cost
+    simulate_pages.configure(p)
 
 
 def _expert_bytes(args: argparse.Namespace, routing: Routing) -> dict[int, float]:
@@ -317,6 +307,25 @@ def _csv(res: SimResult, bandwidths: list[float]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``onebit-stats simulate``: time the trace's routing per predictor and bandwidth."""
+    args.route_at_given = args.route_at is not None
+    args.queue_depth_given = args.queue_depth is not None
+    args.queue_depth = SIM_QUEUE_DEPTH_DEFAULT if args.queue_depth is None else args.queue_depth
+    args.route_at = SIM_ROUTE_AT_DEFAULT if args.route_at is None else args.route_at
+    args.page_cache_given = args.page_cache is not None
+    args.page_cache = simulate_pages.PAGE_CACHE_DEFAULT if args.page_cache is None else args.page_cache
+    if simulate_pages.wants_pages(args):
+        if args.plot is not None:
+            raise UsageError("--plot draws the expert model; the page model's plot is onebit-stats plot-memory")
+        trace = Trace.open(args.trace)
+        routing = load_routing(trace)
+        if not routing.layers:
+            raise UsageError(f"{trace.path}: no decode rows to simulate")
+        return simulate_pages.run(args, trace, routing)
+    if args.model is None and args.expert_bytes is None:
+        raise UsageError("one of the arguments --model --expert-bytes is required")
+    if args.bandwidth is None:
+        raise UsageError("the following arguments are required: --bandwidth")
+    args.latency_us = SIM_LATENCY_US_DEFAULT if args.latency_us is None else args.latency_us
     if args.layer_ms is None and args.bench_json is None:
         raise UsageError("give the per-layer compute time: --layer-ms MS or --bench-json FILE (onebit-bench --json)")
     if args.plot is not None:
@@ -329,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
     h = trace.header
     layer_ms, cost = args.layer_ms, args.predictor_cost_pct
     if args.bench_json is not None:
-        bench_ms, bench_cost = _from_bench(args.bench_json, h.mode_name, h.n_layer)
+        bench_ms, bench_cost = from_bench(args.bench_json, h.mode_name, h.n_layer)
         layer_ms = bench_ms if layer_ms is None else layer_ms
         cost = bench_cost if cost is None else cost
     slots = h.n_expert_used if args.slots is None else args.slots

@@ -2,9 +2,15 @@
 
 ``onebit-stats [rates] TRACE [TRACE ...]`` (the default subcommand, ``rates`` may be left
 out) prints the header summary and a table per layer with a total line; several traces go
-side by side (read recall and slot recall per trace, the previous-token baseline once)
-after checking that their actual routing agrees. ``--json`` and ``--csv`` write the same
-numbers to stdout; logs go to stderr.
+side by side (read recall and slot recall per trace, the previous-token baseline once, or
+per trace when their lookahead distances differ) after checking that their actual routing
+agrees. ``--json`` and ``--csv`` write the same numbers to stdout; logs go to stderr.
+
+Lookahead distance: the summary says how many layers ahead the trace's predictions were made
+(``ahead L+1``: layer l predicted from layer l-1's graph). A trace with predictions at several
+distances is scored per distance: its table gains an ``ahead`` column, a row per (layer,
+distance) and a total per distance (then ``all``); --json and --csv carry the distance of
+every row either way.
 
 ``onebit-stats replay TRACE --slots N ...`` (commands/replay.py) and ``onebit-stats simulate
 TRACE ...`` (commands/simulate.py) are the expert-cache replay and the decode-time model.
@@ -37,14 +43,19 @@ from ..constants import EXIT_CHECK_FAILED, EXIT_OK, STATS_ENGINE_C, STATS_ENGINE
 from ..metrics.stats import METRICS, LayerCounts, TraceStats, compare_routing, compute_stats
 from ..metrics.stats_kernel import StatsKernelError
 from ..trace import Trace, TraceHeader
-from . import replay, simulate
+from . import plot_memory, replay, simulate
 from .common import check_layers, layers_parent, output_parent, run_command, table, trace_parent
 
 logger = logging.getLogger("onebit_predict")
 PROG = "onebit-stats"
 DEFAULT = "rates"
 # subcommand -> the option it cannot run without (None: none), for the rule in the docstring
-SUBCOMMANDS: dict[str, str | None] = {DEFAULT: None, "replay": "--slots", "simulate": "--bandwidth"}
+SUBCOMMANDS: dict[str, str | None] = {
+    DEFAULT: None,
+    "replay": "--slots",
+    "simulate": "--bandwidth",
+    "plot-memory": None,
+}
 
 
 def _fmt(value: int | float | None, kind: str) -> str:
@@ -71,7 +82,12 @@ def _columns(h: TraceHeader) -> list[tuple[str, str, str]]:
     ]
 
 
-def _summary(trace: Trace) -> str:
+def _ahead(distance: int | None) -> str:
+    return "-" if distance is None else f"L+{distance}"
+
+
+def _summary(trace: Trace, distances: tuple[int, ...]) -> str:
+    """The trace's lines above its table; ``distances``: those of its predictions (all layers)."""
     h = trace.header
     margin = "none" if math.isinf(h.margin) else f"{h.margin:g}"
     dropped = f", {trace.dropped_bytes} bytes of a partial record dropped" if trace.dropped_bytes else ""
@@ -80,6 +96,7 @@ def _summary(trace: Trace) -> str:
         f"arch {h.arch or '?'} | model {h.model or '?'} | mode {h.mode_name}{' (no attn)' if h.no_attn else ''}"
         f" | depth {h.depth} | margin {margin} | min_read {h.min_read}"
         f" | n_expert {h.n_expert} | n_used {h.n_expert_used}"
+        f" | ahead {','.join(_ahead(k) for k in distances) or '-'}"
         f"{_prefetch_summary(h)}"
     )
 
@@ -105,27 +122,61 @@ def _prefetch_summary(h: TraceHeader) -> str:
     return line + (f" | {t.failed} ranges FAILED ({errors})" if t.failed else " | no failures")
 
 
-def _render_one(trace: Trace, st: TraceStats) -> str:
+Row = tuple[int | str, int | None, LayerCounts]  # (layer or "total", distance or None, counts)
+
+
+def _rows(st: TraceStats) -> list[Row]:
+    """The rows of a trace's table, --json and --csv, in order.
+
+    At most one distance: a row per layer (the distance of its predicted records, None where
+    it has none) and the total. Several: a row per (layer, distance) group (a layer's
+    unpredicted records under None), a total per distance, then the total of all (None).
+    """
+    ks = st.distances
+    if len(ks) <= 1:
+        k = ks[0] if ks else None
+        rows: list[Row] = [(layer, k if st.layer_distances(layer) else None, c) for layer, c in st.layers.items()]
+        return [*rows, ("total", k, st.total)]
+    rows = []
+    for layer, c in st.layers.items():
+        groups = [(k or None, g[layer]) for k, g in st.by_distance.items() if layer in g]
+        rows += [(layer, k, counts) for k, counts in groups] if groups else [(layer, None, c)]  # no records
+    return [*rows, *(("total", k, st.total_at(k)) for k in ks), ("total", None, st.total)]
+
+
+def _render_one(trace: Trace, st: TraceStats, distances: tuple[int, ...]) -> str:
     cols = _columns(trace.header)
-    rows = [[str(layer)] + [_fmt(c.metrics()[m], k) for m, _, k in cols] for layer, c in st.layers.items()]
-    rows.append(["total"] + [_fmt(st.total.metrics()[m], k) for m, _, k in cols])
-    return _summary(trace) + "\n\n" + table(["layer"] + [t for _, t, _ in cols], rows)
+    several = len(st.distances) > 1  # then an ahead column; one distance is in the summary
+
+    def ahead(layer: int | str, k: int | None) -> list[str]:
+        return [("all" if layer == "total" and k is None else _ahead(k))] if several else []
+
+    rows = [
+        [str(layer), *ahead(layer, k)] + [_fmt(c.metrics()[m], kind) for m, _, kind in cols]
+        for layer, k, c in _rows(st)
+    ]
+    titles = ["layer", *(["ahead"] if several else [])] + [t for _, t, _ in cols]
+    return _summary(trace, distances) + "\n\n" + table(titles, rows)
 
 
-def _render_side_by_side(traces: list[Trace], stats: list[TraceStats]) -> str:
-    legend = "\n".join(f"[{i}] {_summary(t)}" for i, t in enumerate(traces, 1))
+def _render_side_by_side(traces: list[Trace], stats: list[TraceStats], distances: list[tuple[int, ...]]) -> str:
+    legend = "\n".join(f"[{i}] {_summary(t, ks)}" for i, (t, ks) in enumerate(zip(traces, distances), 1))
+    # traces predicting at other distances total other layers: each its own baseline then
+    own_base = len({st.distances for st in stats}) > 1
     titles = ["layer"]
     for i, t in enumerate(traces, 1):
         titles += [f"read%[{i}]", f"slot@{min(t.header.n_expert_used, t.header.depth)}%[{i}]"]
-    titles.append("base%")
+        titles += [f"base%[{i}]"] if own_base else []
+    titles += [] if own_base else ["base%"]
 
     def cells(counts: list[LayerCounts | None]) -> list[str]:
         out = []
         for c in counts:
             m = c.metrics() if c is not None else {}
             out += [_fmt(m.get("read_recall"), "pct"), _fmt(m.get("slot_recall_used"), "pct")]
+            out += [_fmt(m.get("baseline_recall"), "pct")] if own_base else []
         first = counts[0].metrics() if counts[0] is not None else {}
-        return out + [_fmt(first.get("baseline_recall"), "pct")]
+        return out + ([] if own_base else [_fmt(first.get("baseline_recall"), "pct")])
 
     layers = sorted(set().union(*(st.layers for st in stats)))
     rows = [[str(layer)] + cells([st.layers.get(layer) for st in stats]) for layer in layers]
@@ -147,32 +198,44 @@ def _header_dict(h: TraceHeader) -> dict:
     return d
 
 
+def _json_trace(t: Trace, st: TraceStats) -> dict:
+    """One trace's object: "layers" are _rows' rows but the totals, "total" the last total, "totals"
+    the total of each distance."""
+    rows = _rows(st)
+    mask = t.header.layer_mask
+    return {
+        "path": str(t.path),
+        "records": t.n_records,
+        "dropped_bytes": t.dropped_bytes,
+        "header": _header_dict(t.header),
+        "distances": list(st.distances),
+        "layers": [
+            {"layer": layer, "distance": k, "predicted": layer in mask, "records": c.records, **c.metrics()}
+            for layer, k, c in rows
+            if layer != "total"
+        ],
+        "total": {"distance": rows[-1][1], "records": st.total.records, **st.total.metrics()},
+        "totals": [
+            {"distance": k, "records": total.records, **total.metrics()}
+            for k, total in ((k, st.total_at(k)) for k in st.distances)
+        ],
+        "issues": list(st.issues),
+    }
+
+
 def _json(traces: list[Trace], stats: list[TraceStats], differences: list[str]) -> str:
-    objs = [
-        {
-            "path": str(t.path),
-            "records": t.n_records,
-            "dropped_bytes": t.dropped_bytes,
-            "header": _header_dict(t.header),
-            "layers": [
-                {"layer": layer, "predicted": layer in t.header.layer_mask, "records": c.records, **c.metrics()}
-                for layer, c in st.layers.items()
-            ],
-            "total": {"records": st.total.records, **st.total.metrics()},
-            "issues": list(st.issues),
-        }
-        for t, st in zip(traces, stats)
-    ]
+    objs = [_json_trace(t, st) for t, st in zip(traces, stats)]
     return json.dumps({"traces": objs, "routing_differences": differences}, indent=2, allow_nan=False)
 
 
 def _csv(traces: list[Trace], stats: list[TraceStats]) -> None:
     w = csv.writer(sys.stdout, lineterminator="\n")
-    w.writerow(["trace", "layer", "predicted", "records", *METRICS])
+    w.writerow(["trace", "layer", "distance", "predicted", "records", *METRICS])
     for t, st in zip(traces, stats):
-        rows = [(layer, int(layer in t.header.layer_mask), c) for layer, c in st.layers.items()]
-        for layer, predicted, c in [*rows, ("total", "", st.total)]:
-            w.writerow([t.path, layer, predicted, c.records, *("" if v is None else v for v in c.metrics().values())])
+        for layer, k, c in _rows(st):
+            predicted = "" if layer == "total" else int(layer in t.header.layer_mask)
+            metrics = ("" if v is None else v for v in c.metrics().values())
+            w.writerow([t.path, layer, "" if k is None else k, predicted, c.records, *metrics])
 
 
 def _rates_options(p: argparse.ArgumentParser) -> None:
@@ -195,8 +258,9 @@ def rates(args: argparse.Namespace) -> int:
         stats = [compute_stats(t, engine=args.engine) for t in traces]
     except StatsKernelError as e:
         raise StatsKernelError(f"{e} (--engine numpy needs no compiler)") from e
+    distances = [st.distances for st in stats]
     if args.layers is not None:
-        stats = [st.select(args.layers) for st in stats]
+        stats = [st.select(args.layers) for st in stats]  # the summary still gives every distance
 
     rc = EXIT_OK
     for t, st in zip(traces, stats):
@@ -215,9 +279,9 @@ def rates(args: argparse.Namespace) -> int:
     elif args.csv:
         _csv(traces, stats)
     elif len(traces) == 1:
-        print(_render_one(traces[0], stats[0]))
+        print(_render_one(traces[0], stats[0], distances[0]))
     else:
-        print(_render_side_by_side(traces, stats))
+        print(_render_side_by_side(traces, stats, distances))
     return rc
 
 
@@ -231,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
         "subcommand's required option is given.",
         epilog="exit codes: 0 ok, 1 consistency check failed, 2 usage or input error",
     )
-    sub = p.add_subparsers(dest="command", metavar="{rates,replay,simulate}", required=True)
+    sub = p.add_subparsers(dest="command", metavar="{rates,replay,simulate,plot-memory}", required=True)
     sp = sub.add_parser(
         DEFAULT,
         prog=PROG,
@@ -260,6 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     simulate.configure(sp)
     sp.set_defaults(func=simulate.run)
+    sp = sub.add_parser(
+        "plot-memory",
+        parents=[output_parent()],
+        help="decode tok/s against the memory limit from onebit-bench --memory-limit reports",
+        description=plot_memory.DESCRIPTION,
+        epilog=plot_memory.EPILOG,
+    )
+    plot_memory.configure(sp)
+    sp.set_defaults(func=plot_memory.run)
     return p
 
 

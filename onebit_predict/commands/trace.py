@@ -1,4 +1,4 @@
-"""``onebit-trace MODEL.gguf --mode router|block --out TRACE``: record a P/A trace (llama/record.py).
+"""``onebit-trace MODEL.gguf --mode router|block|learned --out TRACE``: record a P/A trace (llama/record.py).
 
 Runs a model on the patched llama.cpp with the predictor's environment set for that one
 context: a prefill of the prompt, then ``--generate`` greedy tokens one at a time, and
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..constants import ENV_DEPTH, ENV_LAYERS, ENV_MARGIN, ENV_MIN, ENV_NO_ATTN, EXIT_OK
+from ..constants import ENV_AHEAD, ENV_DEPTH, ENV_LAYERS, ENV_LEARNED, ENV_MARGIN, ENV_MIN, ENV_NO_ATTN, EXIT_OK
 from ..llama.record import PredictorKnobs, Prompt, RecordOptions, record
 from . import stats
 from .common import EPILOG, UsageError, model_parent, require_file, run_command
@@ -27,13 +27,15 @@ PROG = "onebit-trace"
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=EPILOG, parents=[model_parent()])
-    p.add_argument("--mode", required=True, choices=("off", "router", "block"))
+    p.add_argument("--mode", required=True, choices=("off", "router", "block", "learned"))
     p.add_argument("--out", required=True, type=Path, help="the trace to write")
     p.add_argument("--depth", help=f"{ENV_DEPTH}")
     p.add_argument("--margin", help=f"{ENV_MARGIN}")
     p.add_argument("--min", help=f"{ENV_MIN}")
     p.add_argument("--layers", help=f"{ENV_LAYERS} (e.g. 1,2,5-9; the predictor's own grammar and warnings)")
     p.add_argument("--no-attn", action="store_true", help=f"{ENV_NO_ATTN}=1 (block without the mixer)")
+    p.add_argument("--ahead", help=f"{ENV_AHEAD}: predict layer l+K from layer l, K = 1..3")
+    p.add_argument("--learned", type=Path, help=f"{ENV_LEARNED}: the learned predictor's sidecar (--mode learned)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", help="prompt text (needs a model with a tokenizer)")
     src.add_argument("--prompt-file", type=Path, help="read the prompt text from a file")
@@ -77,6 +79,10 @@ def _check(args: argparse.Namespace) -> None:
     require_file(args.model)
     if args.prompt_file:
         require_file(args.prompt_file)
+    if (args.mode == "learned") != (args.learned is not None):
+        raise UsageError("--mode learned and --learned SIDECAR go together")
+    if args.learned is not None:
+        require_file(args.learned)
 
 
 def _progress(done: int, total: int) -> None:
@@ -89,7 +95,8 @@ def _progress(done: int, total: int) -> None:
 def options(args: argparse.Namespace) -> RecordOptions:
     """The run the command line asks for."""
     text = args.prompt_file.read_text() if args.prompt_file else args.prompt
-    knobs = PredictorKnobs(args.mode, args.depth, args.margin, args.min, args.layers, args.no_attn)
+    learned = str(args.learned) if args.learned is not None else None
+    knobs = PredictorKnobs(args.mode, args.depth, args.margin, args.min, args.layers, args.no_attn, args.ahead, learned)
     return RecordOptions(
         model=args.model,
         out=args.out,

@@ -15,10 +15,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..constants import (
+    ENV_AHEAD,
     ENV_DEBUG_LEAK,
     ENV_DEBUG_SELF,
     ENV_DEPTH,
     ENV_LAYERS,
+    ENV_LEARNED,
     ENV_MARGIN,
     ENV_MIN,
     ENV_MODE,
@@ -26,6 +28,8 @@ from ..constants import (
     ENV_OUT,
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_DRAIN,
+    ENV_PREFETCH_DEBUG_ORACLE,
+    ENV_PREFETCH_GUARD,
     ENV_PREFETCH_MAX_BYTES,
     ENV_PREFETCH_THREADS,
     ENV_STATS,
@@ -47,6 +51,10 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("debug_self", ENV_DEBUG_SELF),
     ("debug_leak", ENV_DEBUG_LEAK),
     ("prefetch_debug_drain", ENV_PREFETCH_DEBUG_DRAIN),
+    ("predict_ahead", ENV_AHEAD),
+    ("prefetch_guard", ENV_PREFETCH_GUARD),
+    ("prefetch_debug_oracle", ENV_PREFETCH_DEBUG_ORACLE),
+    ("predict_learned", ENV_LEARNED),
 )
 
 

@@ -15,7 +15,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..constants import ENV_DEPTH, ENV_LAYERS, ENV_MARGIN, ENV_MIN, ENV_MODE, ENV_NO_ATTN, ENV_OUT, ENV_STATS
+from ..constants import (
+    ENV_AHEAD,
+    ENV_DEPTH,
+    ENV_LAYERS,
+    ENV_LEARNED,
+    ENV_MARGIN,
+    ENV_MIN,
+    ENV_MODE,
+    ENV_NO_ATTN,
+    ENV_OUT,
+    ENV_STATS,
+)
 from .runner import Context, ContextSettings, Model, builtin_tokens
 
 Progress = Callable[[int, int], None]  # (tokens decoded one by one so far, their total)
@@ -32,6 +43,8 @@ class PredictorKnobs:
     min: str | None = None
     layers: str | None = None
     no_attn: bool = False
+    ahead: str | None = None  # ONEBIT_MOE_PREDICT_AHEAD
+    learned: str | None = None  # ONEBIT_MOE_PREDICT_LEARNED: the sidecar of --mode learned
 
     def env(self, out: Path) -> dict[str, str | None]:
         return {
@@ -41,6 +54,8 @@ class PredictorKnobs:
             ENV_MIN: self.min,
             ENV_LAYERS: self.layers,
             ENV_NO_ATTN: "1" if self.no_attn else None,
+            ENV_AHEAD: self.ahead,
+            ENV_LEARNED: self.learned,
             ENV_OUT: str(out),
             ENV_STATS: None,
         }

@@ -19,6 +19,13 @@ at pos - 1 of the same sequence.
 - the total: the sum over the predicted layers (the header's layer mask), for the baseline as
   for the prediction metrics, so the total row compares the same tokens; the baseline of
   layer 0 and of unpredicted layers is in their own rows only.
+- per distance: a PREDICTED record carries how many layers ahead it was predicted (its
+  ``distance`` K, 1..3; 1 in trace versions 1 and 2). Every count is also kept per (layer,
+  distance), the unpredicted records under distance 0: ``TraceStats.by_distance``. The
+  baseline of a (layer, K) group is scored on the same rows as its prediction (the previous
+  token's actual set of the same layer, whatever K), so each distance compares like with
+  like; summed over the distances, the groups give the per-layer counts above unchanged.
+  ``TraceStats.total_at(K)`` is the total of one distance over the predicted layers.
 - every ratio is micro-averaged: a sum over rows divided by a sum over rows (total hits /
   total actual slots), never a mean of per-row ratios. Totals are the same sums over layers.
 - a ratio whose denominator is zero is ``None`` (printed ``-``): nothing was scored.
@@ -37,7 +44,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from itertools import count
 
 import numpy as np
@@ -53,7 +60,7 @@ from ..constants import (
 )
 from ..policy import n_read_rows
 from ..trace import Trace, TraceHeader
-from .stats_kernel import FLOAT_COUNTERS, INT_COUNTERS, ISSUE_COUNTERS, StatsKernel
+from .stats_kernel import FLOAT_COUNTERS, INT_COUNTERS, ISSUE_COUNTERS, N_DISTANCES, StatsKernel
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -109,11 +116,35 @@ METRICS = tuple(LayerCounts().metrics())  # metric names, in report order
 
 @dataclass(frozen=True)
 class TraceStats:
-    """The counts of every layer that has records or is predicted, and the control's issues."""
+    """The counts of every layer that has records or is predicted, and the control's issues.
+
+    ``by_distance[K][layer]``: the counts of the layer's records predicted K layers ahead
+    (K >= 1; the baseline on the same rows), and under K = 0 its unpredicted records (the
+    baseline only); only groups with records are there. Summed over K they give ``layers``.
+    """
 
     header: TraceHeader
     layers: dict[int, LayerCounts]  # ascending layer
     issues: tuple[str, ...]  # empty when the trace is consistent
+    by_distance: dict[int, dict[int, LayerCounts]] = field(default_factory=dict)  # ascending K, then layer
+
+    @property
+    def distances(self) -> tuple[int, ...]:
+        """The lookahead distances of the trace's PREDICTED records (of the selected layers), ascending."""
+        return tuple(k for k in self.by_distance if k > 0)
+
+    def layer_distances(self, layer: int) -> tuple[int, ...]:
+        """The distances of the layer's PREDICTED records, ascending (empty: none predicted)."""
+        return tuple(k for k, layers in self.by_distance.items() if k > 0 and layer in layers)
+
+    def total_at(self, distance: int) -> LayerCounts:
+        """The total of one distance: its counts summed over the predicted layers (the header's
+        layer mask), prediction and baseline over the same rows (``records``: the distance's
+        records in every layer)."""
+        groups = self.by_distance.get(distance, {})
+        mask = self.header.layer_mask
+        total = sum((c for layer, c in groups.items() if layer in mask), LayerCounts())
+        return replace(total, records=sum(c.records for c in groups.values()))
 
     @property
     def total(self) -> LayerCounts:
@@ -127,7 +158,15 @@ class TraceStats:
     def select(self, layers: Iterable[int]) -> TraceStats:
         """The same stats restricted to ``layers`` (the total follows; the issues stay)."""
         keep = set(layers)
-        return TraceStats(self.header, {layer: c for layer, c in self.layers.items() if layer in keep}, self.issues)
+        by_distance = {
+            k: {layer: c for layer, c in groups.items() if layer in keep} for k, groups in self.by_distance.items()
+        }
+        return TraceStats(
+            self.header,
+            {layer: c for layer, c in self.layers.items() if layer in keep},
+            self.issues,
+            {k: groups for k, groups in by_distance.items() if groups},
+        )
 
 
 def _rank(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -156,7 +195,19 @@ def _has_dup(ids: np.ndarray) -> np.ndarray:
     return (s[:, 1:] == s[:, :-1]).any(axis=1)
 
 
-_FIELDS = ("step", "seq_id", "pos", "layer", "n_read", "flags", "actual_ids", "actual_w", "pred_ids", "pred_logits")
+_FIELDS = (
+    "step",
+    "seq_id",
+    "pos",
+    "layer",
+    "n_read",
+    "flags",
+    "distance",
+    "actual_ids",
+    "actual_w",
+    "pred_ids",
+    "pred_logits",
+)
 _KEYS = ("seq_id", "layer", "step", "pos")  # what is carried from chunk to chunk, with actual_ids
 
 
@@ -176,10 +227,19 @@ _ISSUES = {  # control counters -> what they count, in report order
 }
 
 
-def _header_issues(h: TraceHeader) -> list[str]:
+def _header_issues(h: TraceHeader, distances: tuple[int, ...]) -> list[str]:
+    """The header's own inconsistencies; ``distances``: those of the trace's PREDICTED records."""
     issues = []
     if 0 in h.layer_mask:
         issues.append("the header's layer mask includes layer 0, which has no layer before it")
+    if distances:  # layer l is predicted from layer l - K: none below K (layer 0 is reported above)
+        k = min(distances)
+        early = sorted(layer for layer in h.layer_mask if 0 < layer < k)
+        if early:
+            issues.append(
+                f"the header's layer mask includes layers {early}, which have no layer {k} before them"
+                f" (the trace predicts {k} layers ahead)"
+            )
     beyond = sorted(layer for layer in h.layer_mask if layer >= h.n_layer)
     if beyond:
         issues.append(f"the header's layer mask includes layers {beyond} >= n_layer ({h.n_layer})")
@@ -221,10 +281,14 @@ def _score(
     needs are gathered, never whole records.
     """
 
-    def add(name: str, layer: np.ndarray, values: np.ndarray | None = None) -> None:
-        sums[name] += np.bincount(layer, weights=values, minlength=h.n_layer)
+    n_bins = N_DISTANCES * h.n_layer
 
-    add("records", rec["layer"])
+    def add(name: str, group: np.ndarray, values: np.ndarray | None = None) -> None:
+        sums[name] += np.bincount(group, weights=values, minlength=n_bins).reshape(N_DISTANCES, h.n_layer)
+
+    # a record's group: distance * n_layer + layer (distance 0: unpredicted; iter_chunks bounds it)
+    groups = rec["distance"].astype(np.intp) * h.n_layer + rec["layer"]
+    add("records", groups)
     n_last = len(last["layer"])
     key = {k: np.concatenate([last[k], rec[k]]) for k in _KEYS}
     actual = np.concatenate([last["actual_ids"], rec["actual_ids"]])
@@ -238,14 +302,14 @@ def _score(
     at, row = at[ok], row[ok]
     ok = (rec["flags"][row] & TRACE_FLAG_DECODE) != 0
     at, row = at[ok], row[ok]
-    layer, a, flags = rec["layer"][row], rec["actual_ids"][row], rec["flags"][row]
+    group, a, flags = groups[row], rec["actual_ids"][row], rec["flags"][row]
 
-    add("base_tokens", layer)
-    add("base_actual", layer, np.full(len(row), h.n_expert_used))
-    add("base_hits", layer, _member(a, actual[order[at - 1]]).sum(axis=1))
+    add("base_tokens", group)
+    add("base_actual", group, np.full(len(row), h.n_expert_used))
+    add("base_hits", group, _member(a, actual[order[at - 1]]).sum(axis=1))
 
     pred = (flags & TRACE_FLAG_PREDICTED) != 0
-    row, layer, a = row[pred], layer[pred], a[pred]
+    row, group, a = row[pred], group[pred], a[pred]
     p = rec["pred_ids"][row]
     w = rec["actual_w"][row].astype(np.float64)
     n_read = np.minimum(rec["n_read"][row], h.depth)
@@ -253,16 +317,16 @@ def _score(
     rank = _rank(a, p)  # where each actual id is in P; depth when it is not
     in_top_k = rank < k
     in_read = rank < n_read[:, None]
-    add("tokens", layer)
-    add("actual", layer, np.full(len(row), h.n_expert_used))
-    add("hits_used", layer, in_top_k.sum(axis=1))
-    add("hits_depth", layer, (rank < h.depth).sum(axis=1))
-    add("hits_read", layer, in_read.sum(axis=1))
-    add("read", layer, n_read)
-    add("gated", layer, h.depth - n_read)
-    add("exact", layer, in_top_k.all(axis=1) & _member(p[:, :k], a).all(axis=1))
-    add("mass_hit", layer, (w * in_read).sum(axis=1))
-    add("mass", layer, w.sum(axis=1))
+    add("tokens", group)
+    add("actual", group, np.full(len(row), h.n_expert_used))
+    add("hits_used", group, in_top_k.sum(axis=1))
+    add("hits_depth", group, (rank < h.depth).sum(axis=1))
+    add("hits_read", group, in_read.sum(axis=1))
+    add("read", group, n_read)
+    add("gated", group, h.depth - n_read)
+    add("exact", group, in_top_k.all(axis=1) & _member(p[:, :k], a).all(axis=1))
+    add("mass_hit", group, (w * in_read).sum(axis=1))
+    add("mass", group, w.sum(axis=1))
     is_last = np.ones(len(order), dtype=bool)
     is_last[:-1] = ~same
     keep = order[is_last]
@@ -272,9 +336,9 @@ def _score(
 def _sums_numpy(
     trace: Trace, records_per_chunk: int, predictable: np.ndarray, found: Counter[str]
 ) -> dict[str, np.ndarray]:
-    """The numpy engine: per-layer sums of every LayerCounts field; the control into ``found``."""
+    """The numpy engine: the sums of every LayerCounts field by (distance, layer); the control into ``found``."""
     h = trace.header
-    sums = {f.name: np.zeros(h.n_layer) for f in fields(LayerCounts)}
+    sums = {f.name: np.zeros((N_DISTANCES, h.n_layer)) for f in fields(LayerCounts)}
     last = {k: np.empty(0, dtype=h.dtype[k]) for k in _KEYS}
     last["actual_ids"] = np.empty((0, h.n_expert_used), dtype=np.int32)
     for chunk in trace.iter_chunks(records_per_chunk):
@@ -290,7 +354,8 @@ def _sums_numpy(
 def _sums_c(
     trace: Trace, records_per_chunk: int, predictable: np.ndarray, found: Counter[str]
 ) -> dict[str, np.ndarray]:
-    """The compiled engine: the same sums, each chunk scored by the kernel straight from its bytes."""
+    """The compiled engine: the same sums, each chunk scored by the kernel straight from its bytes
+    (iter_chunks has given each record its distance and bounded it)."""
     kernel = StatsKernel(trace.header, predictable)
     for chunk in trace.iter_chunks(records_per_chunk):
         kernel.feed(chunk)
@@ -313,19 +378,28 @@ def compute_stats(
     found: Counter[str] = Counter()
     predictable = np.zeros(1 << 16, dtype=bool)  # by layer (u16): in the header's layer mask
     predictable[sorted(h.layer_mask)] = True
-    sums = (_sums_numpy if engine == STATS_ENGINE_NUMPY else _sums_c)(trace, records_per_chunk, predictable, found)
+    by_k = (_sums_numpy if engine == STATS_ENGINE_NUMPY else _sums_c)(trace, records_per_chunk, predictable, found)
+
+    def counts(sums: dict[str, np.ndarray], layer: int) -> LayerCounts:
+        return LayerCounts(
+            **{n: float(sums[n][layer]) if n.startswith("mass") else int(round(sums[n][layer])) for n in names}
+        )
+
+    sums = {n: v.sum(axis=0) for n, v in by_k.items()}  # per layer, every distance
     shown = sorted(
         {int(layer) for layer in np.flatnonzero(sums["records"])}
         | {layer for layer in h.layer_mask if layer < h.n_layer}
     )
-    layers = {
-        layer: LayerCounts(
-            **{n: float(sums[n][layer]) if n.startswith("mass") else int(round(sums[n][layer])) for n in names}
-        )
-        for layer in shown
+    layers = {layer: counts(sums, layer) for layer in shown}
+    by_distance = {
+        k: {int(layer): counts({n: v[k] for n, v in by_k.items()}, int(layer)) for layer in present}
+        for k in range(N_DISTANCES)
+        if len(present := np.flatnonzero(by_k["records"][k]))
     }
-    issues = _header_issues(h) + [f"{found[k]} " + text.format(h=h) for k, text in _ISSUES.items() if found[k]]
-    return TraceStats(h, layers, tuple(issues))
+    distances = tuple(k for k in by_distance if k > 0)
+    issues = _header_issues(h, distances)
+    issues += [f"{found[k]} " + text.format(h=h) for k, text in _ISSUES.items() if found[k]]
+    return TraceStats(h, layers, tuple(issues), by_distance)
 
 
 def compare_routing(

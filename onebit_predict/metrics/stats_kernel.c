@@ -5,7 +5,9 @@
  * computes exactly what stats.py's numpy engine computes, record by record:
  *
  *   - the consistency control's counters (every record, whatever its layer);
- *   - the per-layer counters of the scored rows (records of layers < n_layer only);
+ *   - the counters of the scored rows by (distance, layer) (records of layers < n_layer only):
+ *     distance 0 for a record without PREDICTED, else its lookahead distance (record offset
+ *     18, version 3; always 1 in a version 1/2 trace, whose field is not read);
  *   - the last record of each (seq_id, layer), carried from one chunk to the next.
  *
  * A row's previous token is its predecessor in (step, pos) order among the records of its
@@ -66,6 +68,7 @@
 #define OBS_FLAG_PREDICTED 1u /* TRACE_FLAG_PREDICTED */
 #define OBS_FLAG_DECODE 2u    /* TRACE_FLAG_DECODE */
 #define OBS_N_LAYER_IDS 65536 /* layer is a u16 */
+#define OBS_N_DIST 4          /* distances 0 (unpredicted) .. 3 (TRACE_MAX_DISTANCE) */
 #define OBS_FIXED 20          /* TRACE_RECORD_FIXED */
 
 #define TABLE_MAX 65536 /* experts with a lookup table entry; beyond: compared one by one */
@@ -76,10 +79,11 @@ typedef struct obs_state obs_state;
 
 struct obs_state {
     int32_t n_layer, n_expert, n_used, depth, k, min_read, mode_off, margin_inf;
+    int32_t legacy; /* version 1/2: a PREDICTED record is 1 ahead, offset 18 is not read */
     float margin;
     size_t rs; /* record size */
-    int64_t *ints;   /* [OBS_N_INT][n_layer], owned by the caller */
-    double *floats;  /* [OBS_N_FLOAT][n_layer], owned by the caller */
+    int64_t *ints;   /* [OBS_N_INT][OBS_N_DIST][n_layer], owned by the caller */
+    double *floats;  /* [OBS_N_FLOAT][OBS_N_DIST][n_layer], owned by the caller */
     int64_t *issues; /* [OBS_N_ISSUES], owned by the caller */
     uint8_t predictable[OBS_N_LAYER_IDS];
 
@@ -126,7 +130,7 @@ static inline float ld_f32(const uint8_t *p) { float v; memcpy(&v, p, 4); return
 void obs_free(obs_state *s);
 
 obs_state *obs_new(int32_t n_layer, int32_t n_expert, int32_t n_used, int32_t depth, float margin,
-                   int32_t min_read, int32_t mode_off, const uint8_t *predictable,
+                   int32_t min_read, int32_t mode_off, int32_t legacy, const uint8_t *predictable,
                    int64_t *ints, double *floats, int64_t *issues) {
     if (n_layer < 1 || n_expert < 1 || n_used < 1 || depth < 1) return NULL;
     obs_state *s = calloc(1, sizeof *s);
@@ -138,6 +142,7 @@ obs_state *obs_new(int32_t n_layer, int32_t n_expert, int32_t n_used, int32_t de
     s->k = n_used < depth ? n_used : depth;
     s->min_read = min_read;
     s->mode_off = mode_off;
+    s->legacy = legacy;
     s->margin = margin;
     s->margin_inf = isinf(margin) && margin > 0;
     s->rs = (size_t)OBS_FIXED + 8u * (size_t)n_used + 8u * (size_t)depth;
@@ -372,7 +377,8 @@ static inline int32_t gate_n_read(const obs_state *s, const uint8_t *logits) {
     return run < s->depth ? run : s->depth;
 }
 
-/* score and check one chunk of n whole records; 0 ok, -1 out of memory, -2 bad size */
+/* score and check one chunk of n whole records; 0 ok, -1 out of memory, -2 bad size, -3 a version-3
+   record's distance out of its bounds (the reader refuses those first: trace.record_distances) */
 int obs_chunk(obs_state *s, const uint8_t *buf, int64_t n) {
     if (n < 0 || n > INT32_MAX / 2) return -2;
     if (ensure_rows(s, n) || link_rows(s, buf, n)) return -1;
@@ -390,6 +396,8 @@ int obs_chunk(obs_state *s, const uint8_t *buf, int64_t n) {
         const uint8_t *A = r + OBS_FIXED, *W = r + off_w, *P = r + off_p, *L = r + off_l;
         const uint16_t layer = ld_u16(r + 12), n_read = ld_u16(r + 14), flags = ld_u16(r + 16);
         const int predicted = (flags & OBS_FLAG_PREDICTED) != 0;
+        const uint16_t dist = s->legacy ? (uint16_t)predicted : ld_u16(r + 18);
+        if (!s->legacy && (predicted ? dist < 1 || dist >= OBS_N_DIST || layer < dist : dist != 0)) return -3;
         const uint32_t st = next_stamp(s);
 
         /* --- the control, on every record */
@@ -438,7 +446,9 @@ int obs_chunk(obs_state *s, const uint8_t *buf, int64_t n) {
 
         /* --- the scores, on records of the model's layers */
         if (layer >= n_layer) continue;
-        s->ints[OBS_C_RECORDS * n_layer + layer]++;
+        /* the (distance, layer) group's counter c: ints[(c * OBS_N_DIST + dist) * n_layer + layer] */
+        const int64_t cell = (int64_t)dist * n_layer + layer, stride = (int64_t)OBS_N_DIST * n_layer;
+        s->ints[OBS_C_RECORDS * stride + cell]++;
         const int32_t pv = s->row_prev[i];
         if (pv == PREV_NONE || !(flags & OBS_FLAG_DECODE)) continue;
         int32_t ppos;
@@ -472,9 +482,9 @@ int obs_chunk(obs_state *s, const uint8_t *buf, int64_t n) {
                     if (prev_actual_c[c] == id) { base_hits++; break; }
             }
         }
-        s->ints[OBS_C_BASE_TOKENS * n_layer + layer]++;
-        s->ints[OBS_C_BASE_ACTUAL * n_layer + layer] += n_used;
-        s->ints[OBS_C_BASE_HITS * n_layer + layer] += base_hits;
+        s->ints[OBS_C_BASE_TOKENS * stride + cell]++;
+        s->ints[OBS_C_BASE_ACTUAL * stride + cell] += n_used;
+        s->ints[OBS_C_BASE_HITS * stride + cell] += base_hits;
         if (!predicted) continue;
 
         /* prediction metrics: where each actual id is in P (depth when it is not) */
@@ -498,17 +508,17 @@ int obs_chunk(obs_state *s, const uint8_t *buf, int64_t n) {
             int32_t id = ld_i32(P + 4 * (size_t)c);
             exact = (id >= 0 && id < tsize) ? a_stamp[id] == st : find_linear(A, n_used, id) < n_used;
         }
-        int64_t *ci = s->ints + layer;
-        ci[OBS_C_TOKENS * n_layer]++;
-        ci[OBS_C_ACTUAL * n_layer] += n_used;
-        ci[OBS_C_HITS_USED * n_layer] += hits_used;
-        ci[OBS_C_HITS_DEPTH * n_layer] += hits_depth;
-        ci[OBS_C_HITS_READ * n_layer] += hits_read;
-        ci[OBS_C_READ * n_layer] += nr;
-        ci[OBS_C_GATED * n_layer] += depth - nr;
-        ci[OBS_C_EXACT * n_layer] += exact;
-        s->floats[OBS_F_MASS_HIT * n_layer + layer] += mass_hit;
-        s->floats[OBS_F_MASS * n_layer + layer] += mass;
+        int64_t *ci = s->ints + cell;
+        ci[OBS_C_TOKENS * stride]++;
+        ci[OBS_C_ACTUAL * stride] += n_used;
+        ci[OBS_C_HITS_USED * stride] += hits_used;
+        ci[OBS_C_HITS_DEPTH * stride] += hits_depth;
+        ci[OBS_C_HITS_READ * stride] += hits_read;
+        ci[OBS_C_READ * stride] += nr;
+        ci[OBS_C_GATED * stride] += depth - nr;
+        ci[OBS_C_EXACT * stride] += exact;
+        s->floats[OBS_F_MASS_HIT * stride + cell] += mass_hit;
+        s->floats[OBS_F_MASS * stride + cell] += mass;
     }
 
     /* carry the latest record of each group seen in this chunk */

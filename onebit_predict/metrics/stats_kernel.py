@@ -1,6 +1,6 @@
 """The compiled kernel of onebit-stats: ``stats_kernel.c`` through cffi, one call per chunk.
 
-``StatsKernel(header)`` holds the per-layer counters, the control's counters and (inside
+``StatsKernel(header)`` holds the counters by (distance, layer), the control's counters and (inside
 the C state) the last record of each (seq_id, layer); ``feed(chunk)`` scores a chunk of
 records straight from the bytes read, in one pass. The module is built on first use with
 the system C compiler and cached (``onebit_predict.cffi_build``); there is no silent
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..constants import MODE_OFF
-from ..trace import TraceHeader
+from ..trace import TRACE_MAX_DISTANCE, TraceError, TraceHeader
 from .cffi_build import CffiBuildError, load_cffi_module
 
 MODULE = "_onebit_stats_kernel"
@@ -28,13 +28,16 @@ CDEF = """
 #define OBS_N_FLOAT ...
 #define OBS_N_ISSUES ...
 #define OBS_N_LAYER_IDS ...
+#define OBS_N_DIST ...
 typedef struct obs_state obs_state;
 obs_state *obs_new(int32_t n_layer, int32_t n_expert, int32_t n_used, int32_t depth, float margin,
-                   int32_t min_read, int32_t mode_off, const uint8_t *predictable,
+                   int32_t min_read, int32_t mode_off, int32_t legacy, const uint8_t *predictable,
                    int64_t *ints, double *floats, int64_t *issues);
 int obs_chunk(obs_state *s, const uint8_t *records, int64_t n);
 void obs_free(obs_state *s);
 """
+
+N_DISTANCES = TRACE_MAX_DISTANCE + 1  # counters per layer: distance 0 (unpredicted records), 1..3
 
 # the counters' order in the C arrays (OBS_C_*, OBS_F_*): LayerCounts' fields, split by type
 INT_COUNTERS = (
@@ -85,22 +88,26 @@ def load_kernel() -> tuple[Any, Any]:
             f"{SOURCE.name} once; {e}. Install one (e.g. gcc), or call "
             f"compute_stats(..., engine='numpy') for the slower numpy engine"
         ) from e
-    sizes = (lib.OBS_N_INT, lib.OBS_N_FLOAT, lib.OBS_N_ISSUES)
-    if sizes != (len(INT_COUNTERS), len(FLOAT_COUNTERS), len(ISSUE_COUNTERS)):
+    sizes = (lib.OBS_N_INT, lib.OBS_N_FLOAT, lib.OBS_N_ISSUES, lib.OBS_N_DIST)
+    if sizes != (len(INT_COUNTERS), len(FLOAT_COUNTERS), len(ISSUE_COUNTERS), N_DISTANCES):
         raise StatsKernelError(f"{SOURCE.name} counts {sizes}, stats_kernel.py expects other counters")
     return ffi, lib
 
 
 class StatsKernel:
-    """Counters of one trace, fed chunk by chunk in file order."""
+    """Counters of one trace, fed chunk by chunk in file order.
+
+    ``ints`` and ``floats`` are ``(counter, distance, layer)``: distance 0 the unpredicted
+    records, 1..3 the PREDICTED ones by their lookahead distance (always 1 before version 3).
+    """
 
     def __init__(self, header: TraceHeader, predictable: np.ndarray) -> None:
         """``predictable``: bool by layer id (0..65535), the header's layer mask."""
         self._ffi, self._lib = load_kernel()
         h = header
         self.record_size = h.record_size
-        self.ints = np.zeros((len(INT_COUNTERS), h.n_layer), dtype=np.int64)
-        self.floats = np.zeros((len(FLOAT_COUNTERS), h.n_layer), dtype=np.float64)
+        self.ints = np.zeros((len(INT_COUNTERS), N_DISTANCES, h.n_layer), dtype=np.int64)
+        self.floats = np.zeros((len(FLOAT_COUNTERS), N_DISTANCES, h.n_layer), dtype=np.float64)
         self.issues = np.zeros(len(ISSUE_COUNTERS), dtype=np.int64)
         mask = np.ascontiguousarray(predictable, dtype=np.uint8)
         if mask.shape != (self._lib.OBS_N_LAYER_IDS,):
@@ -114,6 +121,7 @@ class StatsKernel:
             h.margin,
             h.min_read,
             int(h.mode == MODE_OFF),
+            int(not h.has_distance),
             ffi.from_buffer("uint8_t[]", mask),
             ffi.from_buffer("int64_t[]", self.ints),
             ffi.from_buffer("double[]", self.floats),
@@ -130,5 +138,7 @@ class StatsKernel:
         rc = self._lib.obs_chunk(self._state, self._ffi.from_buffer("uint8_t[]", chunk.view(np.uint8)), len(chunk))
         if rc == -1:
             raise MemoryError("onebit-stats kernel: out of memory")
+        if rc == -3:  # iter_chunks refuses these first, with the record named (trace.record_distances)
+            raise TraceError(f"a record's distance is out of its bounds (1..{TRACE_MAX_DISTANCE}, at most its layer)")
         if rc != 0:
             raise StatsKernelError(f"onebit-stats kernel: obs_chunk failed ({rc})")

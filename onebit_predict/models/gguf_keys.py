@@ -1,5 +1,6 @@
 """Copying one GGUF key from a gguf-py reader to a writer, as both model rewriters do (grow.py,
-vocab.py): its value types, and the writer's alignment when the key sets it."""
+vocab.py): its value types, and the writer's alignment when the key sets it; and reading one of
+a model's architecture keys (``{arch}.expert_count``)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,15 @@ def copy_key(writer: Any, key: str, field: Any, value: Any, path: Path, error: t
     writer.add_key_value(key, value, main, sub_type=sub)
     if key == "general.alignment":
         writer.data_alignment = int(value)
+
+
+def arch_value(path: Path, name: str) -> Any:
+    """The value of ``{general.architecture}.{name}`` in the GGUF file ``path`` (KeyError when absent)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.fields["general.architecture"].contents()
+    field = reader.fields.get(f"{arch}.{name}")
+    if field is None:
+        raise KeyError(f"{path}: has no key {arch}.{name}")
+    return field.contents()

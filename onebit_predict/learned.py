@@ -1,0 +1,385 @@
+"""The learned lookahead predictor: its sidecar file, the loss that trains it, and its scores.
+
+What it is for. ``router`` mode with ``ONEBIT_MOE_PREDICT_AHEAD=K`` ranks layer l's experts by
+applying layer l's own router (``ffn_gate_inp``) to the FFN input of layer l-K, K layers before
+layer l runs, so that its expert reads can start early. That router was trained to read layer
+l's FFN input, not layer l-K's. The learned predictor keeps the same shape and cost (one
+``n_expert x n_embd`` matrix-vector product per predicted layer, plus a bias) and fits the
+weights to the job: for each predicted layer l,
+
+    logits_l = W_l x_{l-K} + b_l
+
+where ``x_{l-K}`` is the FFN input (the MoE block's input, after the post-attention norm) of
+layer l-K for the same token. ``W_l`` starts as layer l's router weight and ``b_l`` at zero
+(so the untrained predictor *is* ``router`` mode), then Adam minimises the listwise loss
+:func:`listwise_loss`: the mean over the ``n_expert_used`` experts layer l really selected of
+``-log softmax(logits_l)``. ``tools/train_learned.py`` captures the training pairs from a
+transformers model and writes the files; docs/learned.md has the commands and the figures.
+
+The sidecar file (what llama.cpp's side reads, exactly): a GGUF file with
+
+- ``general.architecture = "onebit_learned"``;
+- ``onebit_learned.ahead`` (u32, K in 1..3: the same K for every layer of the file),
+  ``onebit_learned.n_embd`` (u32), ``onebit_learned.n_expert`` (u32),
+  ``onebit_learned.model_name`` (string: the ``general.name`` of the model's GGUF),
+  ``onebit_learned.trained_on`` (string: ``"generation"`` or ``"chunks"``),
+  ``onebit_learned.tokens`` (u32: the training tokens);
+- for every predicted layer l from K to n_layer-1 (l is the PREDICTED layer, its input is
+  layer l-K's FFN input): ``learned.{l}.weight``, F32, numpy shape ``(n_expert, n_embd)``
+  (ggml ``ne0 = n_embd, ne1 = n_expert``, as ``blk.{l}.ffn_gate_inp.weight``) and
+  ``learned.{l}.bias``, F32, numpy shape ``(n_expert,)``; no other tensor.
+
+:func:`read_learned` checks all of this (and that every value is finite) and raises
+:class:`LearnedError` naming the file and the fault; :func:`check_model` checks a sidecar
+against the model GGUF it is meant for.
+
+Everything here needs numpy and gguf-py only; the training step is numpy too (Adam on the
+analytic gradient), so the tests run without torch. Capturing the training pairs needs torch
+and transformers (``tools/train_learned.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ARCH = "onebit_learned"
+KEY_ARCH = "general.architecture"
+KEY_AHEAD = f"{ARCH}.ahead"
+KEY_N_EMBD = f"{ARCH}.n_embd"
+KEY_N_EXPERT = f"{ARCH}.n_expert"
+KEY_MODEL_NAME = f"{ARCH}.model_name"
+KEY_TRAINED_ON = f"{ARCH}.trained_on"
+KEY_TOKENS = f"{ARCH}.tokens"
+U32_KEYS = (KEY_AHEAD, KEY_N_EMBD, KEY_N_EXPERT, KEY_TOKENS)
+STRING_KEYS = (KEY_MODEL_NAME, KEY_TRAINED_ON)
+
+WEIGHT_NAME = "learned.{layer}.weight"  # F32, numpy (n_expert, n_embd)
+BIAS_NAME = "learned.{layer}.bias"  # F32, numpy (n_expert,)
+_TENSOR_RE = re.compile(r"learned\.(0|[1-9][0-9]*)\.(weight|bias)")
+
+MIN_AHEAD, MAX_AHEAD = 1, 3  # as ONEBIT_MOE_PREDICT_AHEAD
+TRAINED_ON = ("generation", "chunks")
+U32_MAX = 2**32 - 1
+
+
+class LearnedError(ValueError):
+    """A sidecar file (or a predictor about to be written) that is not what this module defines."""
+
+
+@dataclass(frozen=True)
+class LearnedLayer:
+    """One predicted layer: ``logits = weight @ x + bias`` (weight (n_expert, n_embd), bias (n_expert,))."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+
+
+@dataclass(frozen=True)
+class LearnedPredictor:
+    """A whole sidecar: the keys and, per predicted layer l (K..n_layer-1), its weights."""
+
+    ahead: int
+    n_embd: int
+    n_expert: int
+    model_name: str
+    trained_on: str
+    tokens: int
+    layers: Mapping[int, LearnedLayer] = field(default_factory=dict)
+
+    @property
+    def n_layer(self) -> int:
+        """The model's layer count as the file implies it: the last predicted layer + 1."""
+        return max(self.layers) + 1
+
+    def logits(self, layer: int, x: np.ndarray) -> np.ndarray:
+        """Layer ``layer``'s predicted logits from layer ``layer - ahead``'s FFN inputs ``x`` (..., n_embd)."""
+        ly = self.layers[layer]
+        return np.asarray(x, dtype=np.float32) @ ly.weight.T + ly.bias
+
+    def validate(self, where: str = "predictor") -> None:
+        """Raise :class:`LearnedError` unless this predictor can be written as a valid sidecar."""
+        _check_header(where, self.ahead, self.n_embd, self.n_expert, self.model_name, self.trained_on, self.tokens)
+        if not self.layers:
+            raise LearnedError(f"{where}: no predicted layer")
+        want = list(range(self.ahead, max(self.layers) + 1))
+        if sorted(self.layers) != want:
+            raise LearnedError(
+                f"{where}: predicted layers {sorted(self.layers)} are not every layer from "
+                f"ahead={self.ahead} to the last ({want})"
+            )
+        for li in want:
+            ly = self.layers[li]
+            _check_array(where, WEIGHT_NAME.format(layer=li), ly.weight, (self.n_expert, self.n_embd))
+            _check_array(where, BIAS_NAME.format(layer=li), ly.bias, (self.n_expert,))
+
+
+def _check_header(where: str, ahead, n_embd, n_expert, model_name, trained_on, tokens) -> None:
+    for key, v in ((KEY_AHEAD, ahead), (KEY_N_EMBD, n_embd), (KEY_N_EXPERT, n_expert), (KEY_TOKENS, tokens)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) <= U32_MAX:
+            raise LearnedError(f"{where}: {key} = {v!r} is not a u32")
+    if not MIN_AHEAD <= int(ahead) <= MAX_AHEAD:
+        raise LearnedError(f"{where}: {KEY_AHEAD} = {ahead} is out of range {MIN_AHEAD}..{MAX_AHEAD}")
+    if int(n_embd) < 1:
+        raise LearnedError(f"{where}: {KEY_N_EMBD} = 0")
+    if int(n_expert) < 2:
+        raise LearnedError(f"{where}: {KEY_N_EXPERT} = {n_expert}: a MoE layer has at least 2 experts")
+    if not isinstance(model_name, str) or not model_name:
+        raise LearnedError(f"{where}: {KEY_MODEL_NAME} is empty or not a string")
+    if trained_on not in TRAINED_ON:
+        raise LearnedError(f"{where}: {KEY_TRAINED_ON} = {trained_on!r} is not one of {', '.join(TRAINED_ON)}")
+
+
+def _check_array(where: str, name: str, arr, shape: tuple[int, ...]) -> None:
+    if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
+        raise LearnedError(f"{where}: tensor {name} is not float32 ({getattr(arr, 'dtype', type(arr).__name__)})")
+    if tuple(arr.shape) != shape:
+        raise LearnedError(f"{where}: tensor {name} has numpy shape {tuple(arr.shape)}, expected {shape}")
+    if not np.all(np.isfinite(arr)):
+        raise LearnedError(f"{where}: tensor {name} holds a value that is not finite")
+
+
+# --- the file -------------------------------------------------------------------------------
+
+
+def write_learned(path: str | Path, pred: LearnedPredictor) -> None:
+    """Write ``pred`` as a sidecar GGUF at ``path`` (validated first: :class:`LearnedError`)."""
+    import gguf
+
+    path = Path(path)
+    pred.validate(str(path))
+    w = gguf.GGUFWriter(path, ARCH)
+    w.add_uint32(KEY_AHEAD, int(pred.ahead))
+    w.add_uint32(KEY_N_EMBD, int(pred.n_embd))
+    w.add_uint32(KEY_N_EXPERT, int(pred.n_expert))
+    w.add_string(KEY_MODEL_NAME, pred.model_name)
+    w.add_string(KEY_TRAINED_ON, pred.trained_on)
+    w.add_uint32(KEY_TOKENS, int(pred.tokens))
+    for li in sorted(pred.layers):
+        ly = pred.layers[li]
+        w.add_tensor(WEIGHT_NAME.format(layer=li), np.ascontiguousarray(ly.weight, dtype=np.float32))
+        w.add_tensor(BIAS_NAME.format(layer=li), np.ascontiguousarray(ly.bias, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def _field_value(path: Path, fields, key: str, kind: str):
+    import gguf
+
+    f = fields.get(key)
+    if f is None:
+        raise LearnedError(f"{path}: key {key} is missing")
+    want = gguf.GGUFValueType.UINT32 if kind == "u32" else gguf.GGUFValueType.STRING
+    if len(f.types) != 1 or f.types[0] != want:
+        got = "/".join(t.name for t in f.types) or "?"
+        raise LearnedError(f"{path}: key {key} is {got}, expected {want.name}")
+    return int(f.contents()) if kind == "u32" else str(f.contents())
+
+
+def read_learned(path: str | Path) -> LearnedPredictor:
+    """Read and validate a sidecar; :class:`LearnedError` (naming ``path`` and the fault) on a bad file."""
+    import gguf
+
+    path = Path(path)
+    try:
+        reader = gguf.GGUFReader(path)
+    except (OSError, ValueError, KeyError, IndexError, EOFError) as e:
+        raise LearnedError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+    fields = reader.fields
+    arch = fields.get(KEY_ARCH)
+    if arch is None:
+        raise LearnedError(f"{path}: key {KEY_ARCH} is missing")
+    if arch.contents() != ARCH:
+        raise LearnedError(f"{path}: {KEY_ARCH} is {arch.contents()!r}, expected {ARCH!r}")
+    unknown = sorted(k for k in fields if k.startswith(ARCH + ".") and k not in U32_KEYS + STRING_KEYS)
+    if unknown:
+        raise LearnedError(f"{path}: unknown key(s) {', '.join(unknown)}")
+    vals = {k: _field_value(path, fields, k, "u32") for k in U32_KEYS}
+    vals |= {k: _field_value(path, fields, k, "string") for k in STRING_KEYS}
+    ahead, n_embd, n_expert = vals[KEY_AHEAD], vals[KEY_N_EMBD], vals[KEY_N_EXPERT]
+    _check_header(str(path), ahead, n_embd, n_expert, vals[KEY_MODEL_NAME], vals[KEY_TRAINED_ON], vals[KEY_TOKENS])
+
+    tensors: dict[tuple[int, str], object] = {}
+    for t in reader.tensors:
+        m = _TENSOR_RE.fullmatch(t.name)
+        if m is None:
+            raise LearnedError(f"{path}: unexpected tensor {t.name!r} (only learned.{{l}}.weight/bias)")
+        li, kind = int(m.group(1)), m.group(2)
+        if li < ahead:
+            raise LearnedError(f"{path}: tensor {t.name} is for layer {li} < ahead={ahead}, which is never predicted")
+        if t.tensor_type != gguf.GGMLQuantizationType.F32:
+            raise LearnedError(f"{path}: tensor {t.name} is {t.tensor_type.name}, expected F32")
+        want_ne = [n_embd, n_expert] if kind == "weight" else [n_expert]
+        ne = [int(n) for n in t.shape]
+        if ne != want_ne:
+            raise LearnedError(f"{path}: tensor {t.name} has ggml ne {ne}, expected {want_ne}")
+        tensors[(li, kind)] = t
+    if not tensors:
+        raise LearnedError(f"{path}: no learned.{{l}}.weight/bias tensor")
+    last = max(li for li, _ in tensors)
+    layers = {}
+    for li in range(ahead, last + 1):
+        for kind in ("weight", "bias"):
+            if (li, kind) not in tensors:
+                raise LearnedError(f"{path}: tensor learned.{li}.{kind} is missing (layers {ahead}..{last})")
+        wt = np.array(tensors[(li, "weight")].data, dtype=np.float32).reshape(n_expert, n_embd)
+        bs = np.array(tensors[(li, "bias")].data, dtype=np.float32).reshape(n_expert)
+        layers[li] = LearnedLayer(weight=wt, bias=bs)
+    pred = LearnedPredictor(
+        ahead=ahead,
+        n_embd=n_embd,
+        n_expert=n_expert,
+        model_name=vals[KEY_MODEL_NAME],
+        trained_on=vals[KEY_TRAINED_ON],
+        tokens=vals[KEY_TOKENS],
+        layers=layers,
+    )
+    pred.validate(str(path))  # finiteness
+    return pred
+
+
+def check_model(pred: LearnedPredictor, model_gguf: str | Path) -> None:
+    """Raise :class:`LearnedError` unless ``pred`` fits the model GGUF: name, n_embd, expert count, layers."""
+    import gguf
+
+    model_gguf = Path(model_gguf)
+    f = gguf.GGUFReader(model_gguf).fields
+
+    def val(key: str):
+        if key not in f:
+            raise LearnedError(f"{model_gguf}: has no key {key}")
+        return f[key].contents()
+
+    arch = val(KEY_ARCH)
+    want = {
+        "model_name": val("general.name"),
+        "n_embd": int(val(f"{arch}.embedding_length")),
+        "n_expert": int(val(f"{arch}.expert_count")),
+        "n_layer": int(val(f"{arch}.block_count")),
+    }
+    have = {"model_name": pred.model_name, "n_embd": pred.n_embd, "n_expert": pred.n_expert, "n_layer": pred.n_layer}
+    bad = [f"{k} {have[k]!r} != {want[k]!r}" for k in want if have[k] != want[k]]
+    if bad:
+        raise LearnedError(f"sidecar does not fit {model_gguf}: {'; '.join(bad)}")
+
+
+# --- the loss and the training step (numpy) ----------------------------------------------------
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    z = z - z.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def listwise_loss(logits: np.ndarray, actual: np.ndarray) -> float:
+    """Mean over rows and over each row's k actual experts of ``-log softmax(logits)[expert]``.
+
+    ``logits`` (N, n_expert), ``actual`` (N, k) expert ids (the set layer l really used).
+    """
+    ls = _log_softmax(np.asarray(logits, dtype=np.float64))
+    return float(-np.take_along_axis(ls, np.asarray(actual, dtype=np.int64), axis=1).mean())
+
+
+def listwise_grad(
+    weight: np.ndarray, bias: np.ndarray, x: np.ndarray, actual: np.ndarray
+) -> tuple[float, np.ndarray, np.ndarray]:
+    """(loss, dloss/dweight, dloss/dbias) of :func:`listwise_loss` for ``logits = x @ weight.T + bias``.
+
+    With p = softmax(logits) and y = 1/k on the k actual experts (0 elsewhere), the gradient
+    of a row's loss wrt its logits is ``p - y``; the loss is the mean over the N rows.
+    """
+    x = np.asarray(x, dtype=np.float32)
+    n, k = actual.shape
+    z = x @ weight.T + bias
+    ls = _log_softmax(z.astype(np.float64))
+    loss = float(-np.take_along_axis(ls, actual.astype(np.int64), axis=1).mean())
+    g = np.exp(ls)
+    np.add.at(g, (np.repeat(np.arange(n), k), actual.reshape(-1).astype(np.int64)), -1.0 / k)
+    g = (g / n).astype(np.float32)
+    return loss, g.T @ x, g.sum(axis=0)
+
+
+@dataclass
+class TrainResult:
+    weight: np.ndarray
+    bias: np.ndarray
+    loss_before: float
+    loss_after: float
+    steps: int
+
+
+def train_layer(
+    x: np.ndarray,
+    actual: np.ndarray,
+    weight0: np.ndarray,
+    bias0: np.ndarray | None = None,
+    *,
+    epochs: int = 4,
+    lr: float = 2e-3,
+    batch: int = 256,
+    seed: int = 0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> TrainResult:
+    """Fit ``logits = x @ W.T + b`` to the actual sets with Adam on :func:`listwise_loss`.
+
+    ``x`` (N, n_embd) float32 inputs, ``actual`` (N, k) expert ids, ``weight0`` (n_expert,
+    n_embd) the start (layer l's router), ``bias0`` the start of the bias (zero when None).
+    Shuffled minibatches (numpy ``default_rng(seed)``), ``epochs`` passes; deterministic.
+    """
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    actual = np.ascontiguousarray(actual)
+    w = np.array(weight0, dtype=np.float32)
+    b = np.zeros(w.shape[0], np.float32) if bias0 is None else np.array(bias0, dtype=np.float32)
+    if x.ndim != 2 or actual.ndim != 2 or len(x) != len(actual) or x.shape[1] != w.shape[1]:
+        raise ValueError(f"train_layer: shapes x {x.shape}, actual {actual.shape}, weight {w.shape} do not fit")
+    loss_before = listwise_loss(x @ w.T + b, actual)
+    rng = np.random.default_rng(seed)
+    m = [np.zeros_like(w), np.zeros_like(b)]
+    v = [np.zeros_like(w), np.zeros_like(b)]
+    b1, b2 = betas
+    t = 0
+    for _ in range(epochs):
+        order = rng.permutation(len(x))
+        for s in range(0, len(x), batch):
+            idx = order[s : s + batch]
+            _, gw, gb = listwise_grad(w, b, x[idx], actual[idx])
+            t += 1
+            for i, (p, g) in enumerate(((w, gw), (b, gb))):
+                m[i] = b1 * m[i] + (1 - b1) * g
+                v[i] = b2 * v[i] + (1 - b2) * g * g
+                step = lr * math.sqrt(1 - b2**t) / (1 - b1**t)
+                p -= (step * m[i] / (np.sqrt(v[i]) + eps)).astype(np.float32)
+    return TrainResult(w, b, loss_before, listwise_loss(x @ w.T + b, actual), t)
+
+
+# --- scores ------------------------------------------------------------------------------------
+
+
+def recall_hits(logits: np.ndarray, actual: np.ndarray, depth: int) -> int:
+    """How many of the actual experts (N, k) are among each row's ``depth`` best logits (N, n_expert).
+
+    Read recall at ``depth`` = this / ``actual.size`` (micro-averaged, as onebit-stats).
+    Ties rank the lower expert id first (a stable sort of the negated logits).
+    """
+    top = np.argsort(-np.asarray(logits), axis=1, kind="stable")[:, :depth]
+    return int((top[:, :, None] == np.asarray(actual)[:, None, :]).any(axis=1).sum())
+
+
+def prev_token_hits(actual: np.ndarray, scored: np.ndarray) -> int:
+    """The previous-token baseline's hits: ``actual`` (n_seq, T, k) of one layer, ``scored`` (n_seq, T)
+    bool, the rows scored (never position 0): how many of each scored row's experts the row before used."""
+    scored = np.asarray(scored, dtype=bool)
+    if scored.shape != actual.shape[:2]:
+        raise ValueError(f"prev_token_hits: scored {scored.shape} does not fit actual {actual.shape}")
+    if scored[:, 0].any():
+        raise ValueError("prev_token_hits: position 0 has no previous token")
+    cur, prev = actual[:, 1:][scored[:, 1:]], actual[:, :-1][scored[:, 1:]]
+    return int((cur[:, :, None] == prev[:, None, :]).any(axis=-1).sum())
