@@ -7,7 +7,8 @@ at INFO), and turns what the command raises into its exit code through :data:`EX
 ====  =====================================================================================
 0     ok; also a closed stdout (``| head``: ``BrokenPipeError``) and ``--help``
 1     a check failed: :class:`CheckFailed`, a failed worker, a tool that could not write
-      its model, an eviction or drive measurement that does not work on this machine
+      its model, an eviction or drive measurement that does not work on this machine, an
+      oracle run that did not route as its recorded trace
 2     usage or input error: argparse's usage errors, :class:`UsageError`, a missing or
       unreadable file (``OSError``), a bad trace (``TraceError``) or model (``ModelError``),
       no patched build (``NotBuiltError``), llama.cpp refusing a model (``RunError``), the
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from ..cache.expert_bytes import ModelError
 from ..cache.plot import PlotUnavailable
+from ..checks.bench_memory import OracleMismatch
 from ..checks.rounds import WorkerError
 from ..constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, LFRU_WINDOW_DEFAULT
 from ..llama.cgroup import CgroupError
@@ -59,6 +61,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (BrokenPipeError, EXIT_OK),
     (CheckFailed, EXIT_CHECK_FAILED),
     (WorkerError, EXIT_CHECK_FAILED),
+    (OracleMismatch, EXIT_CHECK_FAILED),  # the oracle run did not route as its recorded trace
     (TinyModelError, EXIT_CHECK_FAILED),
     (DriveError, EXIT_CHECK_FAILED),
     (EvictError, EXIT_CHECK_FAILED),
