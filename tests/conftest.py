@@ -110,3 +110,18 @@ def run_cli(capsys) -> Callable[..., tuple[int, str, str]]:
         return rc, out, err
 
     return run
+
+
+@pytest.fixture
+def no_matplotlib(monkeypatch) -> None:
+    """Every import of matplotlib fails, as where the optional plot extra is not installed."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def refuse(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", refuse)

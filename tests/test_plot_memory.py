@@ -5,7 +5,6 @@ or on a report that is not a memory one.
 
 from __future__ import annotations
 
-import builtins
 import csv
 import io
 import json
@@ -111,15 +110,7 @@ def test_png(capsys, reports, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_png_without_matplotlib_exits_2(capsys, reports, tmp_path, monkeypatch):
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError("No module named 'matplotlib'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+def test_png_without_matplotlib_exits_2(capsys, reports, tmp_path, no_matplotlib):
     rc, out, err = run(capsys, *reports, "--png", tmp_path / "x.png")
     assert rc == EXIT_USAGE and out == ""
     assert "--png needs matplotlib" in err and "onebit-predict[plot]" in err

@@ -423,17 +423,7 @@ def test_plot(capsys, case, tmp_path, run):
     assert "bandwidth 500 MB/s" in out and "bandwidth 1 GB/s" not in out  # the sweep is only plotted
 
 
-def test_plot_without_matplotlib(capsys, case, tmp_path, monkeypatch, run):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_matplotlib(name, *args, **kwargs):
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError("No module named 'matplotlib'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+def test_plot_without_matplotlib(capsys, case, tmp_path, no_matplotlib, run):
     rc, out, err = run(case, *CASE_ARGS, "--plot", tmp_path / "x.png")
     assert rc == EXIT_USAGE and out == ""
     assert "--plot needs matplotlib" in err and "onebit-predict[plot]" in err

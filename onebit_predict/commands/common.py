@@ -168,6 +168,17 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+def nonneg_float(text: str) -> float:
+    """A finite number >= 0 (ValueError with the reason otherwise)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"'{text}' is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"'{text}' is not a finite number >= 0")
+    return value
+
+
 def layer_list(text: str) -> frozenset[int]:
     """``1,3-5`` -> {1, 3, 4, 5}: the one layer-list parser of the commands' ``--layers``.
 

@@ -47,7 +47,17 @@ from ..constants import (
 from ..trace import Trace
 from ..units import fmt_bandwidth, parse_bandwidth, parse_size
 from . import simulate_pages
-from .common import UsageError, add_lfru_window, arg_type, comma_list, fmt, header_summary, positive_int, table
+from .common import (
+    UsageError,
+    add_lfru_window,
+    arg_type,
+    comma_list,
+    fmt,
+    header_summary,
+    nonneg_float,
+    positive_int,
+    table,
+)
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Decode-time model of a streamed expert pipeline on a P/A trace's routing (docs/cost-model.md)."
@@ -55,18 +65,8 @@ EPILOG = "exit codes: 0 ok, 1 a --measured row missed by more than --tolerance, 
 MB = 1e6
 
 
-def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"'{text}' is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"'{text}' is not a finite number >= 0")
-    return value
-
-
 def _fraction(text: str) -> float:
-    value = _nonneg_float(text)
+    value = nonneg_float(text)
     if value > 1:
         raise ValueError(f"'{text}' is not in [0, 1]")
     return value
@@ -95,7 +95,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--latency-us",
-        type=arg_type(_nonneg_float),
+        type=arg_type(nonneg_float),
         metavar="US",
         help=f"per-read latency in microseconds (default {SIM_LATENCY_US_DEFAULT:g}, or --measured's drive)",
     )
@@ -107,7 +107,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--layer-ms",
-        type=arg_type(_nonneg_float),
+        type=arg_type(nonneg_float),
         metavar="MS",
         help="compute time of one layer for one token (or from --bench-json)",
     )
@@ -126,7 +126,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--predictor-cost-pct",
-        type=arg_type(_nonneg_float),
+        type=arg_type(nonneg_float),
         metavar="PCT",
         help="the trace predictor's cost in %% of a token's compute (e.g. router 4, block 35 from the "
         "onebit-bench table in docs/results.md); default 0, or from --bench-json",

@@ -40,7 +40,7 @@ from ..cache.routing import Routing
 from ..constants import EXIT_CHECK_FAILED, EXIT_OK, SIM_LATENCY_US_DEFAULT
 from ..trace import Trace
 from ..units import fmt_bandwidth, parse_size
-from .common import UsageError, arg_type, comma_list, fmt, header_summary, positive_int, table
+from .common import UsageError, arg_type, comma_list, fmt, header_summary, nonneg_float, positive_int, table
 
 logger = logging.getLogger("onebit_predict")
 MIB = 2**20
@@ -98,7 +98,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--readahead-kb",
-        type=arg_type(lambda s: int(_nonneg(s))),
+        type=arg_type(lambda s: int(nonneg_float(s))),
         metavar="KB",
         help="the drive's read_ahead_kb (a major fault reads twice that around the page: llama.cpp's "
         "POSIX_FADV_SEQUENTIAL); default: the report's drive.read_ahead_kb, else the device holding "
@@ -120,14 +120,14 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--consumer-op-us",
-        type=arg_type(_nonneg),
+        type=arg_type(nonneg_float),
         default=0.0,
         metavar="US",
         help="the consumer's op on the compute thread, per predicted layer (default 0)",
     )
     g.add_argument(
         "--fault-us",
-        type=arg_type(_nonneg),
+        type=arg_type(nonneg_float),
         default=0.0,
         metavar="US",
         help="a major fault's CPU cost beyond the drive's latency (default 0)",
@@ -163,16 +163,6 @@ def _page_kb(text: str) -> int:
     v = positive_int(text)
     if v % 4 or v & (v - 1):
         raise ValueError(f"'{text}' is not a power of two multiple of 4 KiB")
-    return v
-
-
-def _nonneg(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise ValueError(f"'{text}' is not a number") from None
-    if not v >= 0 or v == float("inf"):
-        raise ValueError(f"'{text}' is not a finite number >= 0")
     return v
 
 
