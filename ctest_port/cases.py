@@ -37,6 +37,13 @@ class GuardCase(NamedTuple):
     n_warnings: int
 
 
+class RoomCase(NamedTuple):
+    line: int
+    room: str | None  # ONEBIT_MOE_PREFETCH_ROOM, with ONEBIT_MOE_PREFETCH=advise
+    ratio: float  # binary32
+    n_warnings: int
+
+
 class KnobCase(NamedTuple):
     line: int
     api: str | None  # the C API's value (None: not given)
@@ -103,7 +110,18 @@ class PrefetchCase(NamedTuple):
     n_warnings: int
 
 
-Case = DepthCase | MinCase | ReadCase | LayersCase | PolicyCase | PrefetchCase | KnobCase | AheadCase | GuardCase
+Case = (
+    DepthCase
+    | MinCase
+    | ReadCase
+    | LayersCase
+    | PolicyCase
+    | PrefetchCase
+    | KnobCase
+    | AheadCase
+    | GuardCase
+    | RoomCase
+)
 
 
 class CaseFormatError(ValueError):
@@ -208,6 +226,8 @@ def _case(line: int, f: list[str]) -> Case:
         return AheadCase(line, _string(f[1]), _string(f[2]), int(f[3]), int(f[4]), _layer_list(f[5]), int(f[6]))
     if kind == "guard" and n == 4:
         return GuardCase(line, _string(f[1]), int(f[2]), int(f[3]))
+    if kind == "room" and n == 4:
+        return RoomCase(line, _string(f[1]), _float32(f[2]), int(f[3]))
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")
 
 

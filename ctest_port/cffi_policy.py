@@ -89,6 +89,7 @@ struct onebit_prefetch_env {
     const char * max_bytes;
     const char * threads;
     const char * guard;
+    const char * room;
 };
 
 struct onebit_prefetch_policy {
@@ -96,6 +97,7 @@ struct onebit_prefetch_policy {
     int32_t n_threads;
     int64_t max_bytes;
     int32_t guard;
+    float   room;
 };
 
 int32_t onebit_prefetch_parse(const struct onebit_prefetch_env * env, int32_t predict_mode,

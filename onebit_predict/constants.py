@@ -36,7 +36,8 @@ AHEAD_MAX = 3  # ONEBIT_MOE_PREDICT_AHEAD is in [1, AHEAD_MAX]
 ENV_PREFETCH = "ONEBIT_MOE_PREFETCH"
 ENV_PREFETCH_MAX_BYTES = "ONEBIT_MOE_PREFETCH_MAX_BYTES"
 ENV_PREFETCH_THREADS = "ONEBIT_MOE_PREFETCH_THREADS"
-ENV_PREFETCH_GUARD = "ONEBIT_MOE_PREFETCH_GUARD"  # tokens per probe of the never-a-loss guard, 0 = none
+ENV_PREFETCH_GUARD = "ONEBIT_MOE_PREFETCH_GUARD"  # tokens per probe of the guard, 0 = none (the default)
+ENV_PREFETCH_ROOM = "ONEBIT_MOE_PREFETCH_ROOM"  # issue only while the page cache holds R x one token's weights
 # a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
 ENV_PREFETCH_DEBUG_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
 # a benchmark control: the consumer reads the routing a trace of the same tokens recorded (the oracle)
@@ -63,6 +64,7 @@ ENV_ALL = (
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_LEARNED,
+    ENV_PREFETCH_ROOM,
 )
 
 PREFETCH_OFF = 0
@@ -73,8 +75,10 @@ PREFETCH_NAMES = {PREFETCH_OFF: "off", PREFETCH_ADVISE: "advise", PREFETCH_READ:
 PREFETCH_THREADS_DEFAULT = 2
 PREFETCH_THREADS_MAX = 16
 PREFETCH_MAX_BYTES_LIMIT = 1 << 40  # 1 TiB: larger caps are a typo
-PREFETCH_GUARD_DEFAULT = 4  # tokens per probe
+PREFETCH_GUARD_DEFAULT = 0  # tokens per probe: no guard unless asked
 PREFETCH_GUARD_MAX = 64
+PREFETCH_ROOM_DEFAULT = 1.0  # the room rule: page cache for one token's mapped weights
+PREFETCH_ROOM_MAX = 64.0
 
 # --- trace (docs/trace-format.md) -------------------------------------------------------
 TRACE_MAGIC = b"OBMPTRC\x00"

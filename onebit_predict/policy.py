@@ -36,6 +36,7 @@ from .constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_ROOM,
     ENV_PREFETCH_THREADS,
     ENV_STATS,
     MAX_LAYERS,
@@ -46,6 +47,8 @@ from .constants import (
     PREFETCH_MAX_BYTES_LIMIT,
     PREFETCH_NAMES,
     PREFETCH_OFF,
+    PREFETCH_ROOM_DEFAULT,
+    PREFETCH_ROOM_MAX,
     PREFETCH_THREADS_DEFAULT,
     PREFETCH_THREADS_MAX,
 )
@@ -355,10 +358,11 @@ class PrefetchEnv(NamedTuple):
     max_bytes: str | None = None  # ONEBIT_MOE_PREFETCH_MAX_BYTES
     threads: str | None = None  # ONEBIT_MOE_PREFETCH_THREADS
     guard: str | None = None  # ONEBIT_MOE_PREFETCH_GUARD
+    room: str | None = None  # ONEBIT_MOE_PREFETCH_ROOM
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> PrefetchEnv:
-        names = (ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES, ENV_PREFETCH_THREADS, ENV_PREFETCH_GUARD)
+        names = (ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES, ENV_PREFETCH_THREADS, ENV_PREFETCH_GUARD, ENV_PREFETCH_ROOM)
         return cls(*(environ.get(name) for name in names))
 
 
@@ -369,7 +373,8 @@ class PrefetchPolicy:
     mode: int  # PREFETCH_OFF, PREFETCH_ADVISE or PREFETCH_READ
     n_threads: int  # read-mode workers, in [1, PREFETCH_THREADS_MAX]
     max_bytes: int  # cap on speculative bytes per token of a ubatch, 0 = no cap
-    guard: int = 4  # tokens per probe of the never-a-loss guard (PREFETCH_GUARD_DEFAULT), 0 = no guard
+    guard: int = PREFETCH_GUARD_DEFAULT  # tokens per probe of the guard, 0 = no guard
+    room: float = PREFETCH_ROOM_DEFAULT  # a binary32 value: the room rule's ratio, 0 = no rule
 
 
 def _parse_prefetch_mode(raw: str | None, warnings: list[str]) -> int:
@@ -443,4 +448,21 @@ def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy,
             guard = PREFETCH_GUARD_MAX
         else:
             guard = v
-    return PrefetchPolicy(mode=mode, n_threads=n_threads, max_bytes=max_bytes, guard=guard), warnings
+
+    room = PREFETCH_ROOM_DEFAULT
+    t = _trim(env.room)
+    if t:
+        v = _parse_nonneg_float(t)
+        if v is None:
+            warnings.append(
+                f"{ENV_PREFETCH_ROOM}='{env.room}' is not a finite non-negative number; using {PREFETCH_ROOM_DEFAULT:g}"
+            )
+        elif v > PREFETCH_ROOM_MAX:
+            warnings.append(
+                f"{ENV_PREFETCH_ROOM}='{env.room}' exceeds {PREFETCH_ROOM_MAX:g}; clamped to {PREFETCH_ROOM_MAX:g}"
+            )
+            room = PREFETCH_ROOM_MAX
+        else:
+            room = v
+    policy = PrefetchPolicy(mode=mode, n_threads=n_threads, max_bytes=max_bytes, guard=guard, room=room)
+    return policy, warnings

@@ -69,11 +69,17 @@ def test_cold_and_memory_limit_are_two_settings(capsys):
 def test_table_has_a_row_per_configuration_and_limit(tmp_path):
     names = [c.name for c in memory_configs(tmp_path, 16)]
     assert names == ["patched off", "router", "router + advise", "router + read", "block", "block + advise",
-                     "block + read", "block + advise, no guard", "block + advise, depth 16",
-                     "block + advise, depth 16, no guard", "oracle + advise"]  # fmt: skip
+                     "block + read", "block + advise, guard 4", "block + advise, room 0", "block + advise, depth 16",
+                     "block + advise, depth 16, room 0", "oracle + advise"]  # fmt: skip
     # never a loss compares each consumer with the same predictor, consumer off
     assert [consumer_off_of(n) for n in names] == ["patched off", "router", "router", "router", "block", "block",
-                                                  "block", "block", "block", "block", "router"]  # fmt: skip
+                                                  "block", "block", "block", "block", "block", "router"]  # fmt: skip
+    # the qualifiers are what the configurations run with
+    env = {c.name: c.env for c in memory_configs(tmp_path, 16)}
+    assert env["block + advise, guard 4"]["ONEBIT_MOE_PREFETCH_GUARD"] == "4"
+    assert env["block + advise, room 0"]["ONEBIT_MOE_PREFETCH_ROOM"] == "0"
+    assert env["block + advise, depth 16, room 0"]["ONEBIT_MOE_PREDICT_DEPTH"] == "16"
+    assert "ONEBIT_MOE_PREFETCH_ROOM" not in env["block + advise"]  # the default: the rule on
     row = MemoryRow(64 << 20, "block + advise", 2.0, 1.5, 2.5, 1.25, 1.1, 3.5, 40.0, 0.2, 0.8, 0.8, 5, 1 << 20, 0, 0, 0)
     resident = MemoryRow(RESIDENT, "block + advise", 9.0, 9.0, 9.0, 1.0, 0.995, 0, 0, 0, 0.8, 0.8, 5, 1 << 20, 0, 0, 0)
     text = markdown_memory([row, resident], "header")
@@ -88,6 +94,7 @@ def test_oracle_configuration_reads_the_recorded_trace(tmp_path):
     oracle = next(c for c in memory_configs(tmp_path, 16) if c.name == ORACLE)
     assert oracle.env["ONEBIT_MOE_PREFETCH_DEBUG_ORACLE"] == str(tmp_path / "oracle-source.bin")
     assert oracle.env["ONEBIT_MOE_PREFETCH_GUARD"] == "0" and oracle.env["ONEBIT_MOE_PREFETCH"] == "advise"
+    assert oracle.env["ONEBIT_MOE_PREFETCH_ROOM"] == "0"  # the upper bound: issued whatever the room
 
 
 def _trace(path, routes):
@@ -117,7 +124,12 @@ def test_every_configuration_runs_in_a_cgroup(capsys):
     argv = [str(MODEL), "--memory-limit", "64MiB", "--rounds", "1", "--generate", "4", "--prompt", "8", "--json"]
     assert bench_main(argv) == EXIT_OK
     doc = json.loads(capsys.readouterr().out)
-    assert doc["memory_limits"] == [64 << 20] and len(doc["rows"]) == 11
+    assert doc["memory_limits"] == [64 << 20] and len(doc["rows"]) == 12
     for row in doc["rows"]:
         assert row["median_tok_s"] > 0 and row["read_mib_per_token"] >= 0
         assert (row["read_recall"] is None) == (row["name"] == "patched off")
+        # each row carries the knobs it ran with, for the cost model (simulate --measured)
+        assert "ONEBIT_MOE_PREDICT_OUT" not in row["env"]
+        assert (row["env"].get("ONEBIT_MOE_PREFETCH_ROOM") == "0") == (
+            row["name"].endswith("room 0") or row["name"] == "oracle + advise"
+        )

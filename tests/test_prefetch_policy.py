@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctest_port.cases import GuardCase, PrefetchCase, read_cases
+from ctest_port.cases import GuardCase, PrefetchCase, RoomCase, read_cases
 from ctest_port.cffi_policy import has_prefetch
 from onebit_predict import constants as k
 from onebit_predict.llama.paths import NotBuiltError, llama_tree
@@ -143,7 +143,9 @@ def c_parse_prefetch(c_prefetch, env: PrefetchEnv, predict_mode: int) -> tuple[P
     warn = ffi.new("char[]", WARN_CAP)
     c_env = ffi.new("struct onebit_prefetch_env *", strings)
     n_warn = lib.onebit_prefetch_parse(c_env, predict_mode, out, warn, WARN_CAP)
-    policy = PrefetchPolicy(mode=out.mode, n_threads=out.n_threads, max_bytes=out.max_bytes, guard=out.guard)
+    policy = PrefetchPolicy(
+        mode=out.mode, n_threads=out.n_threads, max_bytes=out.max_bytes, guard=out.guard, room=out.room
+    )
     return policy, n_warn, ffi.string(warn).decode()
 
 
@@ -262,7 +264,7 @@ VALUES = st.one_of(
     # ASCII and non-ASCII digits mixed (ARABIC-INDIC ONE, SUPERSCRIPT TWO, FULLWIDTH ONE), maybe suffixed
     st.tuples(st.text("0123456789\u0661\u00b2\uff11", min_size=1, max_size=13), st.sampled_from(SUFFIXES)).map("".join),
 )
-ENVS = st.builds(PrefetchEnv, VALUES, VALUES, VALUES, VALUES)
+ENVS = st.builds(PrefetchEnv, VALUES, VALUES, VALUES, VALUES, VALUES)
 PREDICT_MODES = st.one_of(st.sampled_from([k.MODE_OFF, k.MODE_ROUTER, k.MODE_BLOCK]), st.integers(-3, 7))
 
 
@@ -281,3 +283,14 @@ def test_guard(c_prefetch, case: GuardCase) -> None:
     env = PrefetchEnv(mode="advise", guard=case.guard)
     p, n_warn = assert_prefetch_parity(c_prefetch, env, k.MODE_ROUTER)
     assert (p.guard, n_warn) == (case.window, case.n_warnings)
+
+
+ROOM_CASES = [c for c in read_cases() if isinstance(c, RoomCase)]
+
+
+@pytest.mark.parametrize("case", ROOM_CASES, ids=lambda c: f"line{c.line}")
+def test_room(c_prefetch, case: RoomCase) -> None:
+    """ONEBIT_MOE_PREFETCH_ROOM: the room rule's ratio and its warnings, C and Python alike."""
+    env = PrefetchEnv(mode="advise", room=case.room)
+    p, n_warn = assert_prefetch_parity(c_prefetch, env, k.MODE_ROUTER)
+    assert (p.room, n_warn) == (case.ratio, case.n_warnings)

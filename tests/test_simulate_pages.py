@@ -14,6 +14,7 @@ import pytest
 
 from onebit_predict.cache.measured import load_measured
 from onebit_predict.cache.pages import (
+    ExpertLayout,
     Kernel,
     PageCache,
     PageDrive,
@@ -26,7 +27,14 @@ from onebit_predict.cache.pages import (
 )
 from onebit_predict.cache.routing import load_routing
 from onebit_predict.commands.stats import main as stats_main
-from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, MODE_ROUTER
+from onebit_predict.constants import (
+    ENV_PREFETCH_GUARD,
+    ENV_PREFETCH_ROOM,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    MODE_ROUTER,
+)
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
 
@@ -86,6 +94,16 @@ def test_expert_slices_off_page_boundaries_share_pages():
     assert lay.expert_ranges(0, 0)[2] == (0, 2) and lay.expert_ranges(0, 1)[2] == (1, 3)
     down = [p for p in lay.demand_pages(0, [0, 1]) if p < 3]
     assert down == [0, 1, 2]  # two neighbours' down slices: 3 pages, the shared one read once
+
+
+def test_one_tokens_need_is_the_dense_tensors_and_the_used_share_of_the_experts():
+    lay = layout_3_pages()
+    assert lay.token_need_bytes(1) == 2 * 3 * P  # no dense tensors: one expert of each of 2 layers
+    assert lay.token_need_bytes(4) == 8 * 3 * P
+    dense = ExpertLayout(lay.file_bytes, lay.layers, 4, "test", dense={0: ((0, 100), (200, 50))}, head=((300, 7),))
+    assert dense.token_need_bytes(2) == 157 + 2 * 2 * 3 * P
+    with pytest.raises(ValueError, match="n_expert_used"):
+        lay.token_need_bytes(5)
 
 
 # --- the page caches ------------------------------------------------------------------------
@@ -201,6 +219,30 @@ def test_readahead_window_reads_the_neighbours(tiny):
     assert run.counts.major_faults <= 6
 
 
+def test_room_rule_holds_the_consumer_off_below_one_tokens_need(tiny):
+    """One token reads 6 pages (2 layers x 1 expert of 3): with room for 5 the consumer issues
+    nothing, its run is the predictor's alone; with room for 6 it issues its ranges."""
+    routing, trace = load_routing(Trace.open(tiny)), Trace.open(tiny)
+    lay = layout_3_pages()
+    for consumer in ("advise", "read"):
+        alone = run_config(routing, lay, tiny_model(capacity_pages=5), "router", "off", "router", trace)
+        held = run_config(routing, lay, tiny_model(capacity_pages=5, prefetch_room=1.0), "router", consumer, "x", trace)
+        assert held.room_held and held.need_bytes == 6 * P
+        assert held.prefetch_ranges == 0 and held.counts == alone.counts and held.token_ms == alone.token_ms
+        for room, cap in ((1.0, 6), (0.0, 5), (0.5, 5)):  # room >= R x need, or no rule: it issues
+            got = run_config(
+                routing, lay, tiny_model(capacity_pages=cap, prefetch_room=room), "router", consumer, "x", trace
+            )
+            assert not got.room_held and got.prefetch_ranges > 0
+            off = run_config(routing, lay, tiny_model(capacity_pages=cap), "router", "off", "r", trace)
+            assert (got.counts, got.token_ms) != (off.counts, off.token_ms)
+    # no limit: the room is unbounded (MemAvailable), never below the need
+    free = run_config(routing, lay, tiny_model(prefetch_room=1e9), "router", "advise", "x", trace)
+    assert not free.room_held and free.prefetch_ranges > 0
+    with pytest.raises(ValueError, match="prefetch room"):
+        tiny_model(prefetch_room=-1.0)
+
+
 # --- the command: --memory-limit, --measured ------------------------------------------------------
 
 
@@ -228,6 +270,28 @@ def test_page_table_and_json(capsys, tiny):
     assert report["model"]["page_cache"]["value"] == "two-list"
     rc, out, _ = run_cli(capsys, tiny, *PAGE_ARGS, "--granularity", "page", "--cold")
     assert rc == EXIT_OK and "cold" in out and "router + advise" in out
+
+
+def test_prefetch_room_option_and_column(capsys, tiny):
+    # the page cache holds 5 pages (20 KiB) or 16 (64 KiB); one token needs 6
+    args = [*PAGE_ARGS, "--memory-limit", "20KiB,64KiB", "--process-bytes", "0"]
+    rc, out, err = run_cli(capsys, tiny, *args, "--json")
+    assert rc == EXIT_OK, err
+    report = json.loads(out)
+    rows = {(r["limit_bytes"], r["configuration"]): r for r in report["rows"]}
+    assert report["model"]["prefetch_room"] == {"value": 1.0, "source": "default"}
+    assert report["model"]["need_bytes"]["value"] == 6 * P
+    for c in ("router + advise", "router + read", "oracle + advise"):
+        assert rows[(20480, c)]["room_held"] and rows[(20480, c)]["room_rule"] == "held (R 1)"
+        assert rows[(20480, c)]["read_mib_per_token"] == rows[(20480, "router")]["read_mib_per_token"]
+        assert not rows[(65536, c)]["room_held"] and rows[(65536, c)]["room_rule"] == "issues (R 1)"
+    assert rows[(20480, "patched off")]["room_rule"] == "-"
+    rc, out, _ = run_cli(capsys, tiny, *args, "--prefetch-room", "0")
+    assert rc == EXIT_OK and "held" not in out and "no rule" in out
+    assert "room rule R 0 (given)" in out
+    for bad in ("-1", "65"):
+        rc, _, err = run_cli(capsys, tiny, *args, "--prefetch-room", bad)
+        assert rc == EXIT_USAGE and "--prefetch-room" in err
 
 
 def memory_report(path: Path, rows: dict[str, float], limit: int = 65536, **top) -> Path:
@@ -279,6 +343,78 @@ def test_measured_check_passes_within_and_fails_beyond_the_tolerance(capsys, tin
     assert rc == EXIT_CHECK_FAILED
     rc, _, _ = run_cli(capsys, tiny, *args, "--measured", tmp_path / "far.json", "--tolerance", "80")
     assert rc == EXIT_OK
+
+
+def test_measured_rows_take_the_room_factor_and_guard_from_their_env(capsys, tiny, tmp_path):
+    """A report with a per-row env (after the room rule): each row plays its own ONEBIT_MOE_PREFETCH_ROOM
+    (absent: 1); a row that ran with the guard is shown, not checked (the model has none)."""
+    path = memory_report(tmp_path / "env.json", {"patched off": 1.0}, limit=20480, process_bytes=0)
+    data = json.loads(path.read_text())
+    envs = {
+        "patched off": {},
+        "router + advise": {"ONEBIT_MOE_PREDICT": "router", "ONEBIT_MOE_PREFETCH": "advise"},
+        "router + advise, room 0": {"ONEBIT_MOE_PREFETCH": "advise", ENV_PREFETCH_ROOM: "0"},
+        "router + advise, guard 4": {"ONEBIT_MOE_PREFETCH": "advise", ENV_PREFETCH_ROOM: "0", ENV_PREFETCH_GUARD: "4"},
+    }
+    data["rows"] = [{"limit_bytes": 20480, "name": n, "median_tok_s": 75.0, "env": e} for n, e in envs.items()]
+    path.write_text(json.dumps(data))
+    args = ["--expert-bytes", "12288", "--layer-ms", "0", "--readahead-kb", "0", "--tolerance", "50"]
+    rc, out, err = run_cli(capsys, tiny, *args, "--measured", path, "--json")
+    assert rc == EXIT_OK, err
+    rows = {r["configuration"]: r for r in json.loads(out)["rows"]}
+    assert rows["router + advise"]["prefetch_room"] == 1.0 and rows["router + advise"]["room_held"]
+    assert rows["router + advise, room 0"]["prefetch_room"] == 0.0 and not rows["router + advise, room 0"]["room_held"]
+    assert rows["router + advise"]["read_mib_per_token"] != rows["router + advise, room 0"]["read_mib_per_token"]
+    assert rows["router + advise"]["checked"] and rows["router + advise, room 0"]["checked"]
+    assert rows["router + advise, guard 4"]["prefetch_guard"] == 4 and not rows["router + advise, guard 4"]["checked"]
+    rc, out, _ = run_cli(capsys, tiny, *args, "--measured", path)
+    assert rc == EXIT_OK
+    line = {n: next(x for x in out.splitlines() if f" {n} " in f" {x} ") for n in envs}
+    assert line["router + advise"].endswith("held (R 1)") and line["router + advise, room 0"].endswith("no rule")
+    assert line["patched off"].endswith(" -") and " - " in line["router + advise, guard 4"]  # shown, unchecked
+    # the same rows without env (a report from before the rule): no rule, every advise row checked
+    for r in data["rows"]:
+        del r["env"]
+    path.write_text(json.dumps(data))
+    rc, out, err = run_cli(capsys, tiny, *args, "--measured", path, "--json")
+    assert rc == EXIT_OK, err
+    got = json.loads(out)
+    assert got["model"]["prefetch_room"]["value"] == 0.0
+    assert all(not r["room_held"] and r["checked"] for r in got["rows"])
+
+
+@pytest.mark.parametrize(
+    "env, room, guard, message",
+    [
+        ({ENV_PREFETCH_ROOM: "-1"}, 1.0, 0, "is not a finite non-negative number; using 1"),
+        ({ENV_PREFETCH_ROOM: "lots"}, 1.0, 0, "is not a finite non-negative number; using 1"),
+        ({ENV_PREFETCH_ROOM: "100"}, 64.0, 0, "exceeds 64; clamped to 64"),
+        ({ENV_PREFETCH_GUARD: "x"}, 1.0, 0, "is not a non-negative integer; using 0"),
+        ({ENV_PREFETCH_ROOM: " 0.5 ", ENV_PREFETCH_GUARD: "4"}, 0.5, 4, None),
+    ],
+)
+def test_measured_env_is_read_as_the_consumer_reads_it(capsys, tiny, tmp_path, env, room, guard, message):
+    """A bad knob in a row's env: the consumer ran with its default (and warned); so does the model."""
+    path = memory_report(tmp_path / "env.json", {"router + advise": 75.0}, process_bytes=0)
+    data = json.loads(path.read_text())
+    data["rows"][0]["env"] = env
+    path.write_text(json.dumps(data))
+    args = ["--expert-bytes", "12288", "--layer-ms", "0", "--readahead-kb", "0", "--json"]
+    rc, out, err = run_cli(capsys, tiny, *args, "--measured", path)
+    assert rc != EXIT_USAGE, err
+    (row,) = json.loads(out)["rows"]
+    assert (row["prefetch_room"], row["prefetch_guard"], row["checked"]) == (room, guard, guard == 0)
+    assert (message is None and "router + advise: ONEBIT" not in err) or (message is not None and message in err)
+
+
+def test_measured_env_not_an_object_exits_2(capsys, tiny, tmp_path):
+    path = memory_report(tmp_path / "env.json", {"router + advise": 1.0}, process_bytes=0)
+    data = json.loads(path.read_text())
+    data["rows"][0]["env"] = ["ONEBIT_MOE_PREFETCH_ROOM=1"]
+    path.write_text(json.dumps(data))
+    rc, out, err = run_cli(capsys, tiny, "--expert-bytes", "12288", "--layer-ms", "0", "--measured", path)
+    assert rc == EXIT_USAGE and out == ""
+    assert "env is not an object" in err
 
 
 def test_measured_json_says_where_each_constant_came_from(capsys, tiny, tmp_path):

@@ -15,7 +15,8 @@ Two reports carry rows the page-granular model (cache/pages.py) can be played ag
 Optional fields the model uses where a report has them: ``drive.read_ahead_kb`` (the
 device's readahead), ``process_bytes`` (what a run holds in its cgroup besides the model's
 page cache) at the top level or in a row, ``drive_samples`` (several drive measurements:
-their median bandwidth and latency are used).
+their median bandwidth and latency are used), a row's ``env`` (the configuration's ONEBIT_*
+variables, written since the consumer's room rule: the knobs the model plays the row with).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class MeasuredRow:
     read_mib_per_token: float | None
     major_faults_per_token: float | None
     process_bytes: int | None = None
+    env: dict[str, str] | None = None  # the row's ONEBIT_* knobs; None in reports written before they were
 
     @property
     def resident(self) -> bool:
@@ -83,6 +85,11 @@ class Measured:
         return [r for r in self.rows if not r.resident]
 
     @property
+    def has_env(self) -> bool:
+        """The report records each row's knobs (written since the room rule)."""
+        return any(r.env is not None for r in self.rows)
+
+    @property
     def limits(self) -> list[int | None]:
         return list(dict.fromkeys(r.limit_bytes for r in self.timed_rows()))
 
@@ -122,6 +129,9 @@ def load_measured(path: str | Path) -> Measured:
     )
     rows = []
     for i, r in enumerate(data["rows"]):
+        env = r.get("env") if isinstance(r, dict) else None
+        if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) for k in env)):
+            raise ValueError(f"{path}: row {i} ({r.get('name')!r}): env is not an object of ONEBIT_* variables")
         try:
             limit = None if kind == "cold" else int(r["limit_bytes"])
             rows.append(
@@ -135,6 +145,7 @@ def load_measured(path: str | Path) -> Measured:
                     _num(r, "read_mib_per_token"),
                     _num(r, "major_faults_per_token"),
                     None if r.get("process_bytes") is None else int(r["process_bytes"]),
+                    None if env is None else {k: str(v) for k, v in env.items()},
                 )
             )
         except (KeyError, TypeError, ValueError) as e:

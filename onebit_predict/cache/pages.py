@@ -27,7 +27,9 @@ The pieces, each small and tested on its own:
   ``WILLNEED`` range, the counts;
 - :func:`run_config`: one configuration (the predictor off or on, the consumer off, advise
   or read) over a trace's routing, played as events: the compute thread and the consumer's
-  workers act in time order on one kernel.
+  workers act in time order on one kernel; the consumer's room rule
+  (``PageModel.prefetch_room``, ONEBIT_MOE_PREFETCH_ROOM) holds it off for the whole run when
+  the page cache is below R x one token's need (:meth:`ExpertLayout.token_need_bytes`).
 """
 
 from __future__ import annotations
@@ -132,6 +134,16 @@ class ExpertLayout:
 
     def expert_bytes(self) -> dict[int, int]:
         return {layer: sum(t.slice_bytes for t in ts) for layer, ts in self.layers.items()}
+
+    def token_need_bytes(self, n_expert_used: int) -> int:
+        """The mapped bytes one token reads, as the consumer's room rule counts them: every dense
+        tensor (token_embd left out; none in a synthetic layout) and, of each layer's routed-expert
+        tensors, n_expert_used / n_expert of their bytes."""
+        if not 0 < n_expert_used <= self.n_expert:
+            raise ValueError(f"n_expert_used must be in [1, {self.n_expert}], not {n_expert_used}")
+        dense = sum(n for ranges in self.dense.values() for _, n in ranges) + sum(n for _, n in self.head)
+        experts = sum(t.slice_bytes for ts in self.layers.values() for t in ts) * n_expert_used
+        return dense + experts
 
 
 def _order_key(name: str) -> tuple[int, str]:
@@ -574,6 +586,10 @@ class PageModel:
     drain: bool = True  # --cold read mode: each token waits for its own reads (the benchmark's DEBUG_DRAIN)
     prefill: bool = True  # replay the trace's prefill rows first, untimed (they fill the page cache)
     page_size: int = PAGE_SIZE
+    # the consumer's room rule (ONEBIT_MOE_PREFETCH_ROOM=R): it issues nothing while the page cache the
+    # process can have (here capacity_pages; unbounded: never) is below R x the mapped bytes one token
+    # reads (ExpertLayout.token_need_bytes); 0: no rule (the model's default: the runs measured before it)
+    prefetch_room: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.layer_ms >= 0:
@@ -582,6 +598,18 @@ class PageModel:
             raise ValueError(f"route_at must be in [0, 1], not {self.route_at}")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if not (self.prefetch_room >= 0 and math.isfinite(self.prefetch_room)):
+            raise ValueError(f"prefetch room must be a finite number >= 0, not {self.prefetch_room}")
+
+    def room_bytes(self) -> int | None:
+        """The page cache the process can have (None: unbounded, no limit)."""
+        return None if self.capacity_pages is None else self.capacity_pages * self.page_size
+
+    def room_holds(self, need_bytes: int) -> bool:
+        """The room rule holds the consumer off: room < prefetch_room x need (constant over a run:
+        the model's room is the limit minus the process bytes, both fixed)."""
+        room = self.room_bytes()
+        return self.prefetch_room > 0 and room is not None and room < self.prefetch_room * need_bytes
 
 
 @dataclass(frozen=True)
@@ -600,6 +628,8 @@ class PageRun:
     prefetch_ranges: int
     prefill_counts: KernelCounts = field(default_factory=KernelCounts)
     page_size: int = PAGE_SIZE
+    need_bytes: int = 0  # one token's mapped bytes (the room rule's need)
+    room_held: bool = False  # the room rule held the consumer off (it issued nothing)
 
     @property
     def tok_s(self) -> float | None:
@@ -677,10 +707,13 @@ def cost_per_layer_ms(steps: Sequence[_Step], cost_ms: float) -> float:
 class _Sim:
     """One configuration's actors: the compute thread, the consumer's workers, their queue."""
 
-    def __init__(self, kernel: Kernel, engine: _Engine, layout: ExpertLayout, consumer: str, n_workers: int) -> None:
+    def __init__(
+        self, kernel: Kernel, engine: _Engine, layout: ExpertLayout, consumer: str, n_workers: int, held: bool = False
+    ) -> None:
         self.kernel, self.engine, self.layout, self.consumer = kernel, engine, layout, consumer
+        self.held = held  # the room rule holds the consumer off: its op runs, it issues nothing
         self.queue: deque[tuple[float, int, int]] = deque()
-        self.workers = [_Worker(self) for _ in range(n_workers if consumer != "off" else 0)]
+        self.workers = [_Worker(self) for _ in range(n_workers if consumer != "off" and not held else 0)]
         self.drain_waiter: _Compute | None = None
         self.ranges = 0
 
@@ -797,7 +830,8 @@ class _Compute:
                 if self.t > sim.engine.next_time():
                     yield self.t
                 self.t += model.op_ms
-                sim.push(self.t, self._ranges(step))
+                if not sim.held:
+                    sim.push(self.t, self._ranges(step))
             yield from self._touch(self._demand(step), model.layer_ms - before, timed)
         yield from self._touch(self._dense(None), 0.0, timed)
 
@@ -835,7 +869,8 @@ def run_config(
 ) -> PageRun:
     """One configuration: the predictor (the trace's, ``"oracle"``: the actual routing of the next
     layer, predicted at no cost; None or False: off), the consumer off, advise or read;
-    ``prefill``: the trace (its prefill rows are replayed first, untimed) or those steps."""
+    ``prefill``: the trace (its prefill rows are replayed first, untimed) or those steps. A consumer
+    the room rule holds off (``model.prefetch_room``) issues nothing: ``room_held`` in the result."""
     if consumer not in CONSUMERS:
         raise ValueError(f"unknown consumer '{consumer}' (one of {', '.join(CONSUMERS)})")
     if consumer != "off" and not predictor:
@@ -852,7 +887,9 @@ def run_config(
     drive = PageDrive(model.bandwidth, model.latency_ms, model.queue_depth, model.page_size)
     kernel = Kernel(layout.n_pages, cache, drive, model.window_pages, model.fault_ms)
     engine = _Engine()
-    sim = _Sim(kernel, engine, layout, consumer, model.workers)
+    need = layout.token_need_bytes(routing.header.n_expert_used)
+    held = consumer != "off" and model.room_holds(need)
+    sim = _Sim(kernel, engine, layout, consumer, model.workers, held)
     tokens = _steps(routing, oracle)
     compute = _Compute(sim, model, bool(predictor) and not oracle, tokens, list(prefill) if model.prefill else [])
     engine.at(0.0, compute.gen)
@@ -872,4 +909,6 @@ def run_config(
         sim.ranges,
         compute.prefill_counts,
         model.page_size,
+        need,
+        held,
     )

@@ -7,12 +7,13 @@ of ``resident`` (0 here) is the other side of the never-a-loss rule: no cgroup, 
 read into the page cache before every run.
 
 The configurations (each in its own process, rounds alternating, each writing a trace): the
-predictor off; router and block with the consumer off, advise and read (the consumer's guard
-at its default); block + advise without the guard; block + advise with a depth of every
-expert (poor predictions: most reads wasted), with and without the guard; and the oracle,
+predictor off; router and block with the consumer off, advise and read (the consumer's room
+rule and guard at their defaults: the rule on, no guard); block + advise with the guard
+(``guard 4``) and without the room rule (``room 0``); block + advise with a depth of every
+expert (poor predictions: most reads wasted), with and without the room rule; and the oracle,
 the consumer spending the routing a trace of the same tokens recorded before the rounds
-(ONEBIT_MOE_PREFETCH_DEBUG_ORACLE, router mode, no guard), whose tokens are checked to route
-as that trace did. Per row: decode tok/s against "patched off" and against the same
+(ONEBIT_MOE_PREFETCH_DEBUG_ORACLE, router mode, neither rule nor guard: the upper bound), whose
+tokens are checked to route as that trace did. Per row: decode tok/s against "patched off" and against the same
 predictor with the consumer off, the bytes read from the drive and the major faults per
 decoded token (/proc/self/io and getrusage of the worker, all its threads), the drive's
 utilisation (bytes read per second over its sequential bandwidth, measured in the same run),
@@ -23,24 +24,34 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from ..constants import ENV_DEPTH, ENV_MODE, ENV_OUT, ENV_PREFETCH, ENV_PREFETCH_DEBUG_ORACLE, ENV_PREFETCH_GUARD
+from ..constants import (
+    ENV_DEPTH,
+    ENV_MODE,
+    ENV_OUT,
+    ENV_PREFETCH,
+    ENV_PREFETCH_DEBUG_ORACLE,
+    ENV_PREFETCH_GUARD,
+    ENV_PREFETCH_ROOM,
+)
 from ..trace import Trace
 from .bench_cold import pct, trace_figures
 from .rounds import BenchOptions, Config, collect, run_one
 
 RESIDENT = 0  # a limit of 0: no cgroup, the model read into the page cache first
-NO_GUARD = "no guard"
 OFF = "patched off"
+GUARD = "guard 4"  # the configuration's qualifier: the consumer's guard on, 4 tokens per probe
+NO_ROOM = "room 0"  # ... the room rule off
 
 
 def memory_configs(trace_dir: Path, n_expert: int) -> list[Config]:
     """The predictor off; router and block with the consumer off, advise and read; the never-a-loss
-    pairs (block + advise without its guard; every expert read, with and without it); the oracle."""
+    pairs (block + advise with the guard, and without the room rule; every expert read, with and
+    without the rule); the oracle."""
 
     def cfg(name: str, out: str, **env: str) -> Config:
         return Config(name, {**env, ENV_OUT: str(trace_dir / f"{out}.bin")})
@@ -51,21 +62,23 @@ def memory_configs(trace_dir: Path, n_expert: int) -> list[Config]:
             name = mode if consumer == "off" else f"{mode} + {consumer}"
             out.append(cfg(name, f"{mode}-{consumer}", **{ENV_MODE: mode, ENV_PREFETCH: consumer}))
     advise = {ENV_MODE: "block", ENV_PREFETCH: "advise"}
-    out.append(cfg(f"block + advise, {NO_GUARD}", "block-advise-noguard", **advise, **{ENV_PREFETCH_GUARD: "0"}))
+    out.append(cfg(f"block + advise, {GUARD}", "block-advise-guard", **advise, **{ENV_PREFETCH_GUARD: "4"}))
+    out.append(cfg(f"block + advise, {NO_ROOM}", "block-advise-noroom", **advise, **{ENV_PREFETCH_ROOM: "0"}))
     deep = {**advise, ENV_DEPTH: str(n_expert)}
     out.append(cfg(f"block + advise, depth {n_expert}", "block-advise-deep", **deep))
     out.append(
         cfg(
-            f"block + advise, depth {n_expert}, {NO_GUARD}",
-            "block-advise-deep-noguard",
+            f"block + advise, depth {n_expert}, {NO_ROOM}",
+            "block-advise-deep-noroom",
             **deep,
-            **{ENV_PREFETCH_GUARD: "0"},
+            **{ENV_PREFETCH_ROOM: "0"},
         )
     )
     oracle = {
         ENV_MODE: "router",
         ENV_PREFETCH: "advise",
         ENV_PREFETCH_GUARD: "0",
+        ENV_PREFETCH_ROOM: "0",
         ENV_PREFETCH_DEBUG_ORACLE: str(oracle_source(trace_dir)),
     }
     out.append(cfg(ORACLE, "oracle", **oracle))
@@ -132,6 +145,7 @@ class MemoryRow:
     already_resident_bytes: int
     failed_ranges: int
     dropped_bytes: int
+    env: dict[str, str] = field(default_factory=dict)  # the configuration's ONEBIT_* knobs, its trace path left out
 
 
 def measure_memory(
@@ -172,6 +186,7 @@ def measure_memory(
                     faults,
                     util,
                     *trace_figures(Path(cfg.env[ENV_OUT])),
+                    {k: v for k, v in cfg.env.items() if k != ENV_OUT},
                 )  # fmt: skip
             )
     return rows

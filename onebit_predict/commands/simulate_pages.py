@@ -9,7 +9,10 @@ trace's mode covers ("patched off", the mode alone, "+ advise", "+ read").
 ``--measured F.json`` takes an ``onebit-bench --memory-limit ... --json`` or ``--cold --json``
 report: its drive, limits (and resident run, for --cold) set the model, and each row
 measured is printed next to the model's, with the error; a checked row (``--check``) that
-misses by more than ``--tolerance`` % makes the command exit 1.
+misses by more than ``--tolerance`` % makes the command exit 1. Each row plays the consumer's
+room rule with its own factor (the report's per-row ``env``, ONEBIT_MOE_PREFETCH_ROOM; none
+for reports without ``env``; ``--prefetch-room`` otherwise), and the table says per row
+whether the rule held the consumer off.
 """
 
 from __future__ import annotations
@@ -37,7 +40,16 @@ from ..cache.pages import (
     synthetic_layout,
 )
 from ..cache.routing import Routing
-from ..constants import EXIT_CHECK_FAILED, EXIT_OK, SIM_LATENCY_US_DEFAULT
+from ..constants import (
+    ENV_PREFETCH_ROOM,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    MODE_ROUTER,
+    PREFETCH_ROOM_DEFAULT,
+    PREFETCH_ROOM_MAX,
+    SIM_LATENCY_US_DEFAULT,
+)
+from ..policy import PrefetchEnv, parse_prefetch
 from ..trace import Trace
 from ..units import fmt_bandwidth, parse_size
 from .common import UsageError, arg_type, comma_list, fmt, header_summary, nonneg_float, positive_int, table
@@ -119,6 +131,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         help="the consumer's workers (ONEBIT_MOE_PREFETCH_THREADS, default 2)",
     )
     g.add_argument(
+        "--prefetch-room",
+        type=arg_type(lambda s: _room(s)),
+        metavar="R",
+        help=f"the consumer's room rule ({ENV_PREFETCH_ROOM}): it issues nothing while the page cache under the "
+        "limit (the limit minus --process-bytes) is below R x the mapped bytes one token reads; 0: no rule "
+        f"(default {PREFETCH_ROOM_DEFAULT:g}; with --measured: each row's env, 0 for reports without one)",
+    )
+    g.add_argument(
         "--consumer-op-us",
         type=arg_type(nonneg_float),
         default=0.0,
@@ -153,6 +173,13 @@ def configure(p: argparse.ArgumentParser) -> None:
         metavar="PCT",
         help=f"--measured: the largest error a checked row may have, %% (default {TOLERANCE_PCT:g})",
     )
+
+
+def _room(text: str) -> float:
+    v = nonneg_float(text)
+    if v > PREFETCH_ROOM_MAX:
+        raise ValueError(f"'{text}' is above {PREFETCH_ROOM_MAX:g} (the consumer clamps {ENV_PREFETCH_ROOM} there)")
+    return v
 
 
 def _size_or_zero(text: str) -> float:
@@ -287,6 +314,33 @@ def _trace_depth(routing: Routing) -> int | None:
 
 
 @dataclass(frozen=True)
+class RowKnobs:
+    """The consumer's knobs a measured row ran with (its report's per-row "env"), as the model plays them."""
+
+    room: float  # ONEBIT_MOE_PREFETCH_ROOM (0: no rule)
+    guard: int | None  # ONEBIT_MOE_PREFETCH_GUARD (None: unknown, a report without env); not modelled
+    source: str  # "env", "given", "default", or why the rule is off
+
+
+def _knobs(env: dict[str, str] | None, given: float | None, where: str) -> RowKnobs:
+    """A row's room factor and guard: --prefetch-room when given; else its env, read as the consumer
+    reads it (policy.parse_prefetch: a knob absent is its default, a bad value its default with a
+    warning, R above the maximum clamped); a report without env: no rule (measured before it), the
+    guard unknown."""
+    if env is None:
+        if given is not None:
+            return RowKnobs(given, None, "given")
+        return RowKnobs(0.0, None, "report without env: measured before the rule")
+    policy, warnings = parse_prefetch(PrefetchEnv.from_environ(env), MODE_ROUTER)
+    for w in warnings:
+        if "PREFETCH_ROOM" in w or "PREFETCH_GUARD" in w:
+            logger.warning("%s: %s", where, w)
+    if given is not None:
+        return RowKnobs(given, policy.guard, "given")
+    return RowKnobs(policy.room, policy.guard, "env" if ENV_PREFETCH_ROOM in env else "default")
+
+
+@dataclass(frozen=True)
 class Row:
     limit_bytes: int | None
     run: PageRun
@@ -294,6 +348,17 @@ class Row:
     measured: MeasuredRow | None
     checked: bool
     capacity_pages: int | None
+    knobs: RowKnobs | None = None
+
+    @property
+    def room_text(self) -> str:
+        """The room rule for this row: '-' (no consumer), 'no rule' (R 0), 'held' or 'issues' (R)."""
+        if self.run.consumer == "off":
+            return "-"
+        room = self.knobs.room if self.knobs is not None else 0.0
+        if room == 0:
+            return "no rule"
+        return f"{'held' if self.run.room_held else 'issues'} (R {room:g})"
 
     @property
     def error_pct(self) -> float | None:
@@ -402,12 +467,25 @@ def _rows_at(args, trace, routing, measured, layout, settings, limit, cold) -> l
         matched = [m for m in here.values() if c.matches(m, depth)] if measured is not None else [None]
         if not matched:
             continue
-        r = run_config(routing, layout, model, c.predictor, c.consumer, c.name, trace)
+        runs: dict[float, PageRun] = {}  # one simulation per room factor the matched rows ran with
         for m in matched:
+            if m is None:
+                room = PREFETCH_ROOM_DEFAULT if args.prefetch_room is None else args.prefetch_room
+                knobs = RowKnobs(room, None, "given" if args.prefetch_room is not None else "default")
+            else:
+                env = None if not measured.has_env else (m.env or {})
+                knobs = _knobs(env, args.prefetch_room, f"{measured.path}: {m.name}")
+            if knobs.room not in runs:
+                runs[knobs.room] = run_config(
+                    routing, layout, replace(model, prefetch_room=knobs.room), c.predictor, c.consumer, c.name, trace
+                )
             name = c.name if m is None else m.name
             played.add(name)
-            checked = m is not None and c.kind in args.check
-            rows.append(Row(limit, replace(r, name=name), c.kind, m, checked, capacity))
+            # the model has no guard: a row of a report with env that ran with one is shown, not checked
+            # (reports without env: as before, the guarded rows are checked, "no guard" beside them)
+            guarded = knobs.guard is not None and knobs.guard > 0 and c.consumer != "off"
+            checked = m is not None and c.kind in args.check and not guarded
+            rows.append(Row(limit, replace(runs[knobs.room], name=name), c.kind, m, checked, capacity, knobs))
     args.unplayed = sorted(set(getattr(args, "unplayed", ())) | (set(here) - played))
     return rows
 
@@ -420,6 +498,16 @@ def run(args: argparse.Namespace, trace: Trace, routing: Routing) -> int:
     if cold and (args.memory_limit or (measured is not None and measured.kind == "memory")):
         raise UsageError("--cold (or a --cold report) and a memory limit (or a --memory-limit report) are two settings")
     layout, settings = _settings(args, trace, routing, measured, cold)
+    need = layout.token_need_bytes(h.n_expert_used)
+    if measured is None or args.prefetch_room is not None:
+        room = PREFETCH_ROOM_DEFAULT if args.prefetch_room is None else args.prefetch_room
+        room_setting = Setting(room, "given" if args.prefetch_room is not None else "default")
+    elif not measured.has_env:
+        room_setting = Setting(0.0, "the report has no env: measured before the rule, played without it")
+    else:
+        room_setting = Setting(None, f"each row's env ({ENV_PREFETCH_ROOM}; absent: {PREFETCH_ROOM_DEFAULT:g})")
+    settings["prefetch_room"] = room_setting
+    settings["need_bytes"] = Setting(need, f"dense tensors + {h.n_expert_used}/{h.n_expert} of the routed experts")
     if measured is not None and measured.kind == "memory":
         limits: list[int | None] = [int(x) for x in (args.memory_limit or measured.limits)]
     else:
@@ -486,6 +574,12 @@ def _values(r: Row) -> dict[str, float | int | str | bool | None]:
         "measured_major_faults_per_token": None if m is None else m.major_faults_per_token,
         "error_pct": r.error_pct,
         "checked": r.checked,
+        "prefetch_room": None if r.knobs is None else r.knobs.room,
+        "prefetch_room_source": None if r.knobs is None else r.knobs.source,
+        "prefetch_guard": None if r.knobs is None else r.knobs.guard,
+        "room_held": run.room_held,
+        "room_rule": r.room_text,
+        "need_mib": run.need_bytes / MIB,
     }
 
 
@@ -539,12 +633,18 @@ def _render(trace, routing, measured, settings, rows, tolerance) -> str:
         f"{s['page_cache'].value}; consumer op {s['consumer_op_us'].value:g} us, fault overhead "
         f"{s['fault_us'].value:g} us, {s['prefetch_threads'].value} prefetch threads",
     ]
+    room = s["prefetch_room"]
+    out.append(
+        f"one token's need {int(s['need_bytes'].value) / MIB:.1f} MiB ({s['need_bytes'].source}); room rule "
+        + (f"R {room.value:g}" if room.value is not None else "R per row")
+        + f" ({room.source})"
+    )
     procs = [f"{_limit_text(int(k.split('@')[1]))}: {v.value / MIB:.1f} MiB ({v.source})" for k, v in s.items()
              if k.startswith("process_bytes@")]  # fmt: skip
     if procs:
         out.append("process bytes " + "; ".join(procs))
     if measured is None:
-        titles = ["limit", "configuration", "tok/s", "MiB read/tok", "faults/tok", "waits/tok", "stall ms/tok"]
+        titles = ["limit", "configuration", "tok/s", "MiB read/tok", "faults/tok", "waits/tok", "stall ms/tok", "room"]
         body = []
         for r in rows:
             v = _values(r)
@@ -557,6 +657,7 @@ def _render(trace, routing, measured, settings, rows, tolerance) -> str:
                     fmt(v["major_faults_per_token"], ".1f"),
                     fmt(v["waits_per_token"], ".1f"),
                     fmt(v["stall_ms_per_token"], ".1f"),
+                    r.room_text,
                 ]
             )
         return "\n".join([*out, "", table(titles, body)])
@@ -571,6 +672,7 @@ def _render(trace, routing, measured, settings, rows, tolerance) -> str:
         "sim",
         "faults/tok meas",
         "sim",
+        "room",
     ]
     body = []
     for r in rows:
@@ -588,6 +690,7 @@ def _render(trace, routing, measured, settings, rows, tolerance) -> str:
                 fmt(v["read_mib_per_token"], ".1f"),
                 fmt(v["measured_major_faults_per_token"], ".1f"),
                 fmt(v["major_faults_per_token"], ".1f"),
+                r.room_text,
             ]
         )
     out += ["", f"against {measured.path} ({measured.kind}; checked: error within {tolerance:g} %)"]

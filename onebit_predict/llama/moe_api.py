@@ -31,6 +31,7 @@ from ..constants import (
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_ROOM,
     ENV_PREFETCH_THREADS,
     ENV_STATS,
 )
@@ -55,6 +56,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("prefetch_guard", ENV_PREFETCH_GUARD),
     ("prefetch_debug_oracle", ENV_PREFETCH_DEBUG_ORACLE),
     ("predict_learned", ENV_LEARNED),
+    ("prefetch_room", ENV_PREFETCH_ROOM),
 )
 
 
