@@ -469,9 +469,8 @@ def _rows_at(args, trace, routing, measured, layout, settings, limit, cold) -> l
             continue
         runs: dict[float, PageRun] = {}  # one simulation per room factor the matched rows ran with
         for m in matched:
-            if m is None:
-                room = PREFETCH_ROOM_DEFAULT if args.prefetch_room is None else args.prefetch_room
-                knobs = RowKnobs(room, None, "given" if args.prefetch_room is not None else "default")
+            if m is None:  # no report: the factor run() settled (given or the default)
+                knobs = RowKnobs(settings["prefetch_room"].value, None, settings["prefetch_room"].source)
             else:
                 env = None if not measured.has_env else (m.env or {})
                 knobs = _knobs(env, args.prefetch_room, f"{measured.path}: {m.name}")
