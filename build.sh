@@ -28,11 +28,12 @@ WORK_BRANCH=onebit
 CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TESTS=ON -DLLAMA_BUILD_TOOLS=ON
              -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
              -DGGML_NATIVE=ON -DGGML_CCACHE=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF
-             -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF)
+             -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DGGML_RPC=ON)
 TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict test-amx-mul-mat-batched onebit-tiny-gguf test-onebit-rollback)
 # llama.cpp's own tools, from the patched tree (./build.sh path prints the PATH line); the server's
-# web UI is left out (no download at build time: the server answers its API, /metrics and /props)
-TOOL_TARGETS=(llama-cli llama-completion llama-server llama-bench llama-quantize)
+# web UI is left out (no download at build time: the server answers its API, /metrics and /props);
+# ggml-rpc-server (GGML_RPC above) serves layers to another machine's tools (--rpc HOST:PORT)
+TOOL_TARGETS=(llama-cli llama-completion llama-server llama-bench llama-quantize ggml-rpc-server)
 # the ctest of the series' upstream ggml fix carries upstream's label, not ours
 CTEST_UPSTREAM_FIX=test-amx-mul-mat-batched
 
@@ -68,29 +69,29 @@ usage: ./build.sh [SUBCOMMAND] [OPTIONS]
                       (the README's test command)
   check               lint the series and the patch headers, run ruff (check, format --check), apply
                       the series to a clean pristine tree without fuzz, re-export it and fail if the
-                      export differs from patches/ by a byte
+                      export differs from patches/ by a byte, then compile the tree at every patch
+                      (incremental, in $ONEBIT_CACHE/check-build; ONEBIT_CHECK_COMPILE=0 skips it)
   rebase --to VERSION apply the series to the llama.cpp of llama-cpp-python==VERSION
   rebase --tree DIR   apply the series to your own llama.cpp git checkout (current branch)
   export [--from DIR] regenerate patches/ from a work tree (default: the pinned work tree)
   pristine            build the unpatched pin too (for side-by-side benchmarks)
   path                build if needed, then print the line that puts the patched llama-cli,
-                      llama-completion, llama-server, llama-bench and llama-quantize on PATH
-                      (eval "$(./build.sh path)")
+                      llama-completion, llama-server, llama-bench, llama-quantize and
+                      ggml-rpc-server on PATH (eval "$(./build.sh path)")
   help                this text
 
 environment: ONEBIT_CACHE (cache root, default ~/.cache/onebit-predict), ONEBIT_JOBS (build jobs),
-             PYTHON (runs onebit_predict/series.py and makes .venv, default python3)
+             PYTHON (runs tools/series.py and makes .venv, default python3)
 exit codes:  0 ok, 1 a step failed, 2 usage or input error
 EOF
 }
 
 # --- the pin and the series -----------------------------------------------------------------
-# read and linted by onebit_predict/series.py (standard library only, so the system's python3
-# runs it before .venv exists); it prints its errors itself and exits 2 on a missing or
-# malformed patches/PIN or patches/series, 1 on lint problems
+# read and linted by tools/series.py (standard library only, so the system's python3 runs it
+# before .venv exists); it prints its errors itself and exits 2 on a missing or malformed
+# patches/PIN or patches/series, 1 on lint problems
 series_py() {
-    (cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" \
-        "$PYTHON" -m onebit_predict.series --patches "$PATCHES" "$@")
+    "$PYTHON" "$ROOT/tools/series.py" --patches "$PATCHES" "$@"
 }
 
 pin_value() { series_py pin "$1"; }
@@ -407,7 +408,53 @@ cmd_check() {
             exit 1
         fi
     done
-    say "==> check passed: ${#listed[@]} patch(es) apply without fuzz and re-export byte-identically"
+    if [[ ${ONEBIT_CHECK_COMPILE:-1} == 0 ]]; then
+        say "==> check passed: ${#listed[@]} patch(es) apply without fuzz and re-export byte-identically" \
+            "(ONEBIT_CHECK_COMPILE=0: not compiled patch by patch)"
+        return
+    fi
+    compile_each_patch "$tmp/tree" "$version"
+    say "==> check passed: ${#listed[@]} patch(es) apply without fuzz, re-export byte-identically and each" \
+        "compiles on its own"
+}
+
+# compile the tree at every patch of the series, so that each patch builds on its own and a fix
+# cannot hide in a later one: the series is checked out patch by patch in one place,
+# $CACHE/check-build/VERSION/src, and built in one build directory beside it (CMake wants the same
+# source path every run; within a run each patch recompiles only what it changes, and ccache,
+# when installed, makes the next run's unchanged objects free); at each patch the targets of
+# TEST_TARGETS and TOOL_TARGETS that exist by then
+compile_each_patch() {
+    local tree=$1 version=$2 dir src n=0 total c subject available wanted=() launcher=() t
+    dir=$CACHE/check-build/$version/build
+    src=$CACHE/check-build/$version/src
+    rm -rf "$src"
+    mkdir -p "$dir"
+    "${GIT[@]}" clone -q --no-checkout "$tree" "$src"
+    if command -v ccache >/dev/null 2>&1; then
+        launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+    fi
+    local commits=()
+    mapfile -t commits < <("${GIT[@]}" -C "$tree" rev-list --reverse "$PRISTINE_TAG..HEAD")
+    total=${#commits[@]}
+    step "compile the tree at every patch ($total; build directory $dir${launcher:+, ccache})"
+    for c in "${commits[@]}"; do
+        n=$((n + 1))
+        subject=$("${GIT[@]}" -C "$src" log -1 --format=%s "$c")
+        say "    [$n/$total] $subject"
+        "${GIT[@]}" -C "$src" checkout -q -f "$c"
+        run_logged "patch $n ('$subject') does not configure on its own: fix it in its commit (docs/patches.md)" \
+            cmake -S "$src" -B "$dir" "${CMAKE_FLAGS[@]}" "${launcher[@]}" -DONEBIT_POLICY_CASES="$dir/onebit/cases.tsv"
+        available=$(cmake --build "$dir" --target help 2>/dev/null)
+        wanted=()
+        for t in "${TEST_TARGETS[@]}" "${TOOL_TARGETS[@]}"; do
+            if grep -qE "^\.\.\. $t( |\$)" <<<"$available"; then
+                wanted+=("$t")
+            fi
+        done
+        run_logged "patch $n ('$subject') does not compile on its own: fix it in its commit (docs/patches.md)" \
+            cmake --build "$dir" -j "$JOBS" --target "${wanted[@]}"
+    done
 }
 
 # stop on a conflict with the patch, the files and the commands to finish

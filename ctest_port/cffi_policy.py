@@ -6,9 +6,11 @@ source (the header, the .cpp, the declarations below, cffi and the Python ABI) i
 ``~/.cache/onebit-predict``; later runs load it from there (``onebit_predict.metrics.cffi_build``,
 shared with the package's own C kernels).
 
-The prefetch consumer's declarations (``PREFETCH_CDEF``) are added only when the header
-declares ``onebit_prefetch_parse``, so a tree from before the consumer still builds the
-predictor's half; ``has_prefetch(lib)`` tells which one was built.
+The declarations are the pinned series' whole policy: the predictor's, the prefetch
+consumer's (``onebit_prefetch_parse``) and the C API's precedence (``onebit_resolve_knob``).
+One pin means one tree: a header that lacks any of them is not a tree of this series, and the
+build fails (cffi cannot compile a declaration the source does not have) instead of a test
+quietly skipping half the parity.
 """
 
 from __future__ import annotations
@@ -24,8 +26,6 @@ HEADER = "onebit-moe-policy.h"
 SOURCE = "onebit-moe-policy.cpp"
 PRELUDE = f'#include "{HEADER}"\n'
 COMPILE_ARGS = ["-std=c++17"]
-PREFETCH_SYMBOL = "onebit_prefetch_parse"
-KNOB_SYMBOL = "onebit_resolve_knob"  # the C API's precedence (trees with include/onebit-moe.h)
 KNOB_CDEF = """
 const char * onebit_resolve_knob(const char * api_value, const char * env_value);
 """
@@ -111,12 +111,9 @@ def load_c_policy(src_dir: Path) -> tuple[Any, Any]:
     if not (header.is_file() and source.is_file()):
         raise NotBuiltError(f"{source} does not exist: {src_dir.parent} is not a patched llama.cpp tree")
 
-    header_bytes = header.read_bytes()
-    cdef = CDEF + (PREFETCH_CDEF if PREFETCH_SYMBOL.encode() in header_bytes else "")
-    cdef += KNOB_CDEF if KNOB_SYMBOL.encode() in header_bytes else ""
     return load_cffi_module(
         MODULE,
-        cdef,
+        CDEF + PREFETCH_CDEF + KNOB_CDEF,
         PRELUDE,
         sources=[source],
         depends=[header, source],
@@ -124,8 +121,3 @@ def load_c_policy(src_dir: Path) -> tuple[Any, Any]:
         compile_args=COMPILE_ARGS,
         source_extension=".cpp",
     )
-
-
-def has_prefetch(lib: Any) -> bool:
-    """Whether ``lib`` (from load_c_policy) has the prefetch consumer's ``onebit_prefetch_parse``."""
-    return hasattr(lib, PREFETCH_SYMBOL)

@@ -95,6 +95,8 @@ TRACE_HDR_FLAG_DEBUG_SELF = 1 << 2
 TRACE_HDR_FLAG_PREFETCH_TOTALS = 1 << 3  # the consumer's totals were written (a clean close)
 TRACE_HDR_FLAG_DEBUG_LEAK = 1 << 4  # the negative control was built into the context's graphs
 TRACE_HDR_FLAG_UNCHECKED = 1 << 5  # ... with the graph check off (ONEBIT_MOE_PREDICT_DEBUG_LEAK=1)
+TRACE_HDR_FLAG_OPEN = 1 << 6  # set when the context creates the trace, cleared when it frees it cleanly
+TRACE_HDR_FLAG_INCOMPLETE = 1 << 7  # set when the context is freed: a write of records failed (full disk)
 # version 3: two fields inside the flags word
 TRACE_HDR_AHEAD_SHIFT = 8  # bits 8..11: ONEBIT_MOE_PREDICT_AHEAD (1..3; 0 before version 3, meaning 1)
 TRACE_HDR_AHEAD_MASK = 0xF << TRACE_HDR_AHEAD_SHIFT
@@ -113,6 +115,8 @@ TRACE_HDR_FLAGS_KNOWN = (
     | TRACE_HDR_FLAG_PREFETCH_TOTALS
     | TRACE_HDR_FLAG_DEBUG_LEAK
     | TRACE_HDR_FLAG_UNCHECKED
+    | TRACE_HDR_FLAG_OPEN
+    | TRACE_HDR_FLAG_INCOMPLETE
     | TRACE_HDR_AHEAD_MASK
     | TRACE_HDR_GUARD_MASK
 )  # other header flag bits are refused

@@ -24,6 +24,11 @@ The sidecar file (what llama.cpp's side reads, exactly): a GGUF file with
   ``onebit_learned.model_name`` (string: the ``general.name`` of the model's GGUF),
   ``onebit_learned.trained_on`` (string: ``"generation"`` or ``"chunks"``),
   ``onebit_learned.tokens`` (u32: the training tokens);
+- the model it was trained on, which llama.cpp's side checks before it predicts (a sidecar of
+  another model with the same shapes would otherwise predict silently and badly):
+  ``onebit_learned.model.architecture`` (string: the model GGUF's ``general.architecture``) and
+  ``onebit_learned.model.router_hash`` (u64: :func:`model_identity`, FNV-1a 64 over expert 0's
+  router row, as little-endian float32, of every MoE layer in layer order);
 - for every predicted layer l from K to n_layer-1 (l is the PREDICTED layer, its input is
   layer l-K's FFN input): ``learned.{l}.weight``, F32, numpy shape ``(n_expert, n_embd)``
   (ggml ``ne0 = n_embd, ne1 = n_expert``, as ``blk.{l}.ffn_gate_inp.weight``) and
@@ -31,7 +36,8 @@ The sidecar file (what llama.cpp's side reads, exactly): a GGUF file with
 
 :func:`read_learned` checks all of this (and that every value is finite) and raises
 :class:`LearnedError` naming the file and the fault; :func:`check_model` checks a sidecar
-against the model GGUF it is meant for.
+against the model GGUF it is meant for; :func:`stamp` rewrites a sidecar with a model's
+identity, values unchanged (``onebit-learned stamp SIDECAR MODEL``).
 
 Everything here needs numpy and gguf-py only; the training step is numpy too (Adam on the
 analytic gradient), so the tests run without torch. Capturing the training pairs needs torch
@@ -40,6 +46,7 @@ and transformers (``tools/train_learned.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -56,8 +63,11 @@ KEY_N_EXPERT = f"{ARCH}.n_expert"
 KEY_MODEL_NAME = f"{ARCH}.model_name"
 KEY_TRAINED_ON = f"{ARCH}.trained_on"
 KEY_TOKENS = f"{ARCH}.tokens"
+KEY_MODEL_ARCH = f"{ARCH}.model.architecture"  # string: the model GGUF's general.architecture
+KEY_ROUTER_HASH = f"{ARCH}.model.router_hash"  # u64: model_identity()'s hash
 U32_KEYS = (KEY_AHEAD, KEY_N_EMBD, KEY_N_EXPERT, KEY_TOKENS)
 STRING_KEYS = (KEY_MODEL_NAME, KEY_TRAINED_ON)
+IDENTITY_KEYS = (KEY_MODEL_ARCH, KEY_ROUTER_HASH)
 
 WEIGHT_NAME = "learned.{layer}.weight"  # F32, numpy (n_expert, n_embd)
 BIAS_NAME = "learned.{layer}.bias"  # F32, numpy (n_expert,)
@@ -66,6 +76,10 @@ _TENSOR_RE = re.compile(r"learned\.(0|[1-9][0-9]*)\.(weight|bias)")
 MIN_AHEAD, MAX_AHEAD = 1, 3  # as ONEBIT_MOE_PREDICT_AHEAD
 TRAINED_ON = ("generation", "chunks")
 U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+FNV64_OFFSET = 0xCBF29CE484222325
+FNV64_PRIME = 0x100000001B3
+_ROUTER_RE = re.compile(r"blk\.(0|[1-9][0-9]*)\.ffn_gate_inp\.weight")
 
 
 class LearnedError(ValueError):
@@ -90,6 +104,8 @@ class LearnedPredictor:
     model_name: str
     trained_on: str
     tokens: int
+    model_arch: str  # the model's general.architecture (KEY_MODEL_ARCH)
+    router_hash: int  # model_identity()'s hash of the model (KEY_ROUTER_HASH), u64
     layers: Mapping[int, LearnedLayer] = field(default_factory=dict)
 
     @property
@@ -105,6 +121,7 @@ class LearnedPredictor:
     def validate(self, where: str = "predictor") -> None:
         """Raise :class:`LearnedError` unless this predictor can be written as a valid sidecar."""
         _check_header(where, self.ahead, self.n_embd, self.n_expert, self.model_name, self.trained_on, self.tokens)
+        _check_identity(where, self.model_arch, self.router_hash)
         if not self.layers:
             raise LearnedError(f"{where}: no predicted layer")
         want = list(range(self.ahead, max(self.layers) + 1))
@@ -135,6 +152,14 @@ def _check_header(where: str, ahead, n_embd, n_expert, model_name, trained_on, t
         raise LearnedError(f"{where}: {KEY_TRAINED_ON} = {trained_on!r} is not one of {', '.join(TRAINED_ON)}")
 
 
+def _check_identity(where: str, model_arch, router_hash) -> None:
+    if not isinstance(model_arch, str) or not model_arch:
+        raise LearnedError(f"{where}: {KEY_MODEL_ARCH} is empty or not a string (the model's general.architecture)")
+    h = router_hash
+    if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= int(h) <= U64_MAX:
+        raise LearnedError(f"{where}: {KEY_ROUTER_HASH} = {h!r} is not a u64")
+
+
 def _check_array(where: str, name: str, arr, shape: tuple[int, ...]) -> None:
     if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
         raise LearnedError(f"{where}: tensor {name} is not float32 ({getattr(arr, 'dtype', type(arr).__name__)})")
@@ -151,23 +176,33 @@ def write_learned(path: str | Path, pred: LearnedPredictor) -> None:
     """Write ``pred`` as a sidecar GGUF at ``path`` (validated first: :class:`LearnedError`)."""
     import gguf
 
+    from .atomic import atomic_path
+    from .grow.gguf_keys import check_gguf_whole
+
     path = Path(path)
     pred.validate(str(path))
-    w = gguf.GGUFWriter(path, ARCH)
-    w.add_uint32(KEY_AHEAD, int(pred.ahead))
-    w.add_uint32(KEY_N_EMBD, int(pred.n_embd))
-    w.add_uint32(KEY_N_EXPERT, int(pred.n_expert))
-    w.add_string(KEY_MODEL_NAME, pred.model_name)
-    w.add_string(KEY_TRAINED_ON, pred.trained_on)
-    w.add_uint32(KEY_TOKENS, int(pred.tokens))
-    for li in sorted(pred.layers):
-        ly = pred.layers[li]
-        w.add_tensor(WEIGHT_NAME.format(layer=li), np.ascontiguousarray(ly.weight, dtype=np.float32))
-        w.add_tensor(BIAS_NAME.format(layer=li), np.ascontiguousarray(ly.bias, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    # whole or absent (atomic.py): a full disk is an OSError, never half a sidecar at path
+    with atomic_path(path) as tmp:
+        w = gguf.GGUFWriter(tmp, ARCH)
+        try:
+            w.add_uint32(KEY_AHEAD, int(pred.ahead))
+            w.add_uint32(KEY_N_EMBD, int(pred.n_embd))
+            w.add_uint32(KEY_N_EXPERT, int(pred.n_expert))
+            w.add_string(KEY_MODEL_NAME, pred.model_name)
+            w.add_string(KEY_TRAINED_ON, pred.trained_on)
+            w.add_uint32(KEY_TOKENS, int(pred.tokens))
+            w.add_string(KEY_MODEL_ARCH, pred.model_arch)
+            w.add_uint64(KEY_ROUTER_HASH, int(pred.router_hash))
+            for li in sorted(pred.layers):
+                ly = pred.layers[li]
+                w.add_tensor(WEIGHT_NAME.format(layer=li), np.ascontiguousarray(ly.weight, dtype=np.float32))
+                w.add_tensor(BIAS_NAME.format(layer=li), np.ascontiguousarray(ly.bias, dtype=np.float32))
+            w.write_header_to_file()
+            w.write_kv_data_to_file()
+            w.write_tensors_to_file()
+        finally:
+            w.close()
+        check_gguf_whole(tmp, OSError, path)
 
 
 def _field_value(path: Path, fields, key: str, kind: str):
@@ -176,18 +211,40 @@ def _field_value(path: Path, fields, key: str, kind: str):
     f = fields.get(key)
     if f is None:
         raise LearnedError(f"{path}: key {key} is missing")
-    want = gguf.GGUFValueType.UINT32 if kind == "u32" else gguf.GGUFValueType.STRING
+    want = {"u32": gguf.GGUFValueType.UINT32, "u64": gguf.GGUFValueType.UINT64}.get(kind, gguf.GGUFValueType.STRING)
     if len(f.types) != 1 or f.types[0] != want:
         got = "/".join(t.name for t in f.types) or "?"
         raise LearnedError(f"{path}: key {key} is {got}, expected {want.name}")
-    return int(f.contents()) if kind == "u32" else str(f.contents())
+    return str(f.contents()) if kind == "string" else int(f.contents())
+
+
+def _read_identity(path: Path, fields, need_identity: bool) -> tuple[str, int]:
+    missing = [k for k in IDENTITY_KEYS if k not in fields]
+    if missing and need_identity:
+        raise LearnedError(
+            f"{path}: the sidecar names no model (key(s) {', '.join(missing)} missing), and llama.cpp refuses it: "
+            "train it again (tools/train_learned.py) or stamp it with the model it was trained on "
+            "(onebit-learned stamp SIDECAR MODEL.gguf)"
+        )
+    if missing:
+        return "", -1
+    model_arch = _field_value(path, fields, KEY_MODEL_ARCH, "string")
+    router_hash = _field_value(path, fields, KEY_ROUTER_HASH, "u64")
+    _check_identity(str(path), model_arch, router_hash)
+    return model_arch, router_hash
 
 
 def read_learned(path: str | Path) -> LearnedPredictor:
-    """Read and validate a sidecar; :class:`LearnedError` (naming ``path`` and the fault) on a bad file."""
+    """Read and validate a sidecar; :class:`LearnedError` (naming ``path`` and the fault) on a bad file,
+    one that names no model (:data:`KEY_MODEL_ARCH`, :data:`KEY_ROUTER_HASH`) included."""
+    return _read(Path(path), need_identity=True)
+
+
+def _read(path: Path, need_identity: bool) -> LearnedPredictor:
+    """:func:`read_learned`; with ``need_identity`` False (:func:`stamp` only) a sidecar that names no
+    model reads with ``model_arch`` "" and ``router_hash`` -1 (and so cannot be written as it is)."""
     import gguf
 
-    path = Path(path)
     try:
         reader = gguf.GGUFReader(path)
     except (OSError, ValueError, KeyError, IndexError, EOFError) as e:
@@ -198,13 +255,15 @@ def read_learned(path: str | Path) -> LearnedPredictor:
         raise LearnedError(f"{path}: key {KEY_ARCH} is missing")
     if arch.contents() != ARCH:
         raise LearnedError(f"{path}: {KEY_ARCH} is {arch.contents()!r}, expected {ARCH!r}")
-    unknown = sorted(k for k in fields if k.startswith(ARCH + ".") and k not in U32_KEYS + STRING_KEYS)
+    known = U32_KEYS + STRING_KEYS + IDENTITY_KEYS
+    unknown = sorted(k for k in fields if k.startswith(ARCH + ".") and k not in known)
     if unknown:
         raise LearnedError(f"{path}: unknown key(s) {', '.join(unknown)}")
     vals = {k: _field_value(path, fields, k, "u32") for k in U32_KEYS}
     vals |= {k: _field_value(path, fields, k, "string") for k in STRING_KEYS}
     ahead, n_embd, n_expert = vals[KEY_AHEAD], vals[KEY_N_EMBD], vals[KEY_N_EXPERT]
     _check_header(str(path), ahead, n_embd, n_expert, vals[KEY_MODEL_NAME], vals[KEY_TRAINED_ON], vals[KEY_TOKENS])
+    model_arch, router_hash = _read_identity(path, fields, need_identity)
 
     tensors: dict[tuple[int, str], object] = {}
     for t in reader.tensors:
@@ -239,14 +298,87 @@ def read_learned(path: str | Path) -> LearnedPredictor:
         model_name=vals[KEY_MODEL_NAME],
         trained_on=vals[KEY_TRAINED_ON],
         tokens=vals[KEY_TOKENS],
+        model_arch=model_arch,
+        router_hash=router_hash,
         layers=layers,
     )
-    pred.validate(str(path))  # finiteness
+    # finiteness (and the rest once more); a sidecar read for stamp() names no model yet
+    checked = pred if need_identity else dataclasses.replace(pred, model_arch="-", router_hash=0)
+    checked.validate(str(path))
     return pred
 
 
+def fnv1a64(data: bytes, h: int = FNV64_OFFSET) -> int:
+    """FNV-1a 64 of ``data``, continuing from ``h`` (the offset basis for a fresh hash)."""
+    for b in data:
+        h = ((h ^ b) * FNV64_PRIME) & U64_MAX
+    return h
+
+
+def model_identity(model_gguf: str | Path) -> tuple[str, int]:
+    """(general.architecture, router hash) of a model GGUF: what a sidecar trained on it names
+    (:data:`KEY_MODEL_ARCH`, :data:`KEY_ROUTER_HASH`) and what llama.cpp's side compares.
+
+    The hash is FNV-1a 64 over the bytes (little-endian float32) of expert 0's router row of
+    every MoE layer in layer order: row 0 (n_embd values) of each ``blk.{l}.ffn_gate_inp.weight``,
+    converted to float32 (exact for F32, F16 and BF16; ``gguf.quants.dequantize`` otherwise, as
+    ggml's ``to_float``). Layers are those llama.cpp's ``hparams.n_layer()`` counts: ``block_count``
+    less ``nextn_predict_layers`` (the MTP layers, absent for most models). :class:`LearnedError`
+    for a file that is not a GGUF, or one without a router.
+    """
+    import gguf
+
+    model_gguf = Path(model_gguf)
+    try:
+        reader = gguf.GGUFReader(model_gguf)
+    except (OSError, ValueError, KeyError, IndexError, EOFError) as e:
+        raise LearnedError(f"{model_gguf}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+    fields = reader.fields
+    if KEY_ARCH not in fields:
+        raise LearnedError(f"{model_gguf}: has no key {KEY_ARCH}")
+    arch = str(fields[KEY_ARCH].contents())
+    n_layer = None
+    if f"{arch}.block_count" in fields:
+        n_layer = int(fields[f"{arch}.block_count"].contents())
+        if f"{arch}.nextn_predict_layers" in fields:
+            n_layer -= int(fields[f"{arch}.nextn_predict_layers"].contents())
+    routers = {}
+    for t in reader.tensors:
+        m = _ROUTER_RE.fullmatch(t.name)
+        if m is not None and (n_layer is None or int(m.group(1)) < n_layer):
+            routers[int(m.group(1))] = t
+    if not routers:
+        raise LearnedError(f"{model_gguf}: no blk.{{l}}.ffn_gate_inp.weight (a router): not a MoE model")
+    h = FNV64_OFFSET
+    for li in sorted(routers):
+        h = fnv1a64(_expert0_row(model_gguf, routers[li]).tobytes(), h)
+    return arch, h
+
+
+def _expert0_row(model_gguf: Path, t) -> np.ndarray:
+    """Row 0 (expert 0) of a gguf-py ReaderTensor of ggml ne [n_embd, n_expert], as little-endian float32."""
+    import gguf
+    from gguf import quants
+
+    n_embd = int(t.shape[0])
+    if t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+        row = np.asarray(t.data).reshape(-1)[:n_embd]
+    else:  # gguf-py hands these over as bytes, (n_expert, bytes per row)
+        n_rows = int(np.prod([int(n) for n in t.shape[1:]], dtype=np.int64))
+        raw = np.ascontiguousarray(t.data).view(np.uint8).reshape(n_rows, -1)[0]
+        try:
+            row = quants.dequantize(raw, t.tensor_type).reshape(-1)
+        except (NotImplementedError, ValueError, quants.QuantError) as e:
+            raise LearnedError(f"{model_gguf}: {t.name} is {t.tensor_type.name}, which is not read as float") from e
+    row = np.asarray(row, dtype="<f4")
+    if row.shape != (n_embd,):
+        raise LearnedError(f"{model_gguf}: {t.name}: expert 0's row has {row.size} values, expected {n_embd}")
+    return row
+
+
 def check_model(pred: LearnedPredictor, model_gguf: str | Path) -> None:
-    """Raise :class:`LearnedError` unless ``pred`` fits the model GGUF: name, n_embd, expert count, layers."""
+    """Raise :class:`LearnedError` unless ``pred`` fits the model GGUF: the model it names (architecture and
+    router hash, :func:`model_identity`), name, n_embd, expert count, layers."""
     import gguf
 
     model_gguf = Path(model_gguf)
@@ -265,9 +397,33 @@ def check_model(pred: LearnedPredictor, model_gguf: str | Path) -> None:
         "n_layer": int(val(f"{arch}.block_count")),
     }
     have = {"model_name": pred.model_name, "n_embd": pred.n_embd, "n_expert": pred.n_expert, "n_layer": pred.n_layer}
-    bad = [f"{k} {have[k]!r} != {want[k]!r}" for k in want if have[k] != want[k]]
+    m_arch, m_hash = model_identity(model_gguf)
+    bad = []
+    if pred.model_arch != m_arch:
+        bad.append(f"trained on another model: {KEY_MODEL_ARCH} {pred.model_arch!r} != {m_arch!r}")
+    if pred.router_hash != m_hash:
+        bad.append(f"trained on another model: {KEY_ROUTER_HASH} {_hex(pred.router_hash)} != {_hex(m_hash)}")
+    bad += [f"{k} {have[k]!r} != {want[k]!r}" for k in want if have[k] != want[k]]
     if bad:
         raise LearnedError(f"sidecar does not fit {model_gguf}: {'; '.join(bad)}")
+
+
+def _hex(h: int) -> str:
+    return f"{h:016x}" if 0 <= h <= U64_MAX else repr(h)  # as llama.cpp's log prints it
+
+
+def stamp(sidecar: str | Path, model_gguf: str | Path, out: str | Path | None = None) -> LearnedPredictor:
+    """Rewrite ``sidecar`` at ``out`` (default: in place, atomically) naming ``model_gguf``
+    (:func:`model_identity`), every other key and every value unchanged; for a sidecar written
+    before the identity keys, or one whose model was re-exported. Refused (:class:`LearnedError`)
+    unless the sidecar then fits the model (:func:`check_model`: name, n_embd, experts, layers)."""
+    sidecar = Path(sidecar)
+    pred = _read(sidecar, need_identity=False)
+    arch, h = model_identity(model_gguf)
+    pred = dataclasses.replace(pred, model_arch=arch, router_hash=h)
+    check_model(pred, model_gguf)
+    write_learned(sidecar if out is None else Path(out), pred)
+    return pred
 
 
 # --- the loss and the training step (numpy) ----------------------------------------------------

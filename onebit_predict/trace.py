@@ -15,6 +15,12 @@ gives every version's records their distance (1 for a version 1/2 PREDICTED reco
 refuses a version-3 record whose distance is out of bounds with ``TraceError``.
 ``Trace.iter_chunks`` yields records with the field so defined and checked; ``Trace.records``
 is the file's bytes as they are.
+
+Two header flags say whether the file is whole: ``OPEN`` (the writer has not freed its context:
+it died or is still running) and ``INCOMPLETE`` (a write of records failed, e.g. on a full
+disk). ``Trace.open`` reads such a trace and warns once; ``written_problem`` is the verdict of a
+command that has just written one (``onebit-trace``, ``onebit-bitident``): it must not report
+success for it.
 """
 
 from __future__ import annotations
@@ -44,7 +50,9 @@ from .constants import (
     TRACE_HDR_AHEAD_SHIFT,
     TRACE_HDR_FLAG_DEBUG_LEAK,
     TRACE_HDR_FLAG_DEBUG_SELF,
+    TRACE_HDR_FLAG_INCOMPLETE,
     TRACE_HDR_FLAG_NO_ATTN,
+    TRACE_HDR_FLAG_OPEN,
     TRACE_HDR_FLAG_PREFETCH_TOTALS,
     TRACE_HDR_FLAG_STATS,
     TRACE_HDR_FLAG_UNCHECKED,
@@ -418,6 +426,16 @@ class TraceHeader:
         return bool(self.flags & TRACE_HDR_FLAG_UNCHECKED)
 
     @property
+    def open(self) -> bool:
+        """The writer never freed its context (it died, or is still writing): not closed cleanly."""
+        return bool(self.flags & TRACE_HDR_FLAG_OPEN)
+
+    @property
+    def incomplete(self) -> bool:
+        """A write of records failed (e.g. a full disk): the file lacks records."""
+        return bool(self.flags & TRACE_HDR_FLAG_INCOMPLETE)
+
+    @property
     def dtype(self) -> np.dtype:
         """The structured dtype of this trace's records."""
         return record_dtype(self.n_expert_used, self.depth)
@@ -507,6 +525,19 @@ class Trace:
                 "%s: truncated trace: dropped %d bytes of a partial last record (read %d whole records)",
                 path,
                 dropped,
+                n_records,
+            )
+        # every command reads its traces here: a file its writer did not finish is read, with a warning
+        if header.open:
+            logger.warning(
+                "%s: not closed cleanly (the writer died or is still running): %d records read, totals unknown",
+                path,
+                n_records,
+            )
+        if header.incomplete:
+            logger.warning(
+                "%s: incomplete: record write(s) failed (full disk?); the table covers only the %d records written",
+                path,
                 n_records,
             )
         if n_records:

@@ -1,17 +1,23 @@
 """Write P/A traces (docs/trace-format.md) from Python: hand-made traces for tests and tools.
 
 The layout comes from ``onebit_predict.trace`` (``TraceHeader.to_bytes``, ``record_dtype``),
-so what this writes is exactly what the reader reads.
+so what this writes is exactly what the reader reads. The trace is written to a temporary
+name next to ``path`` and gets its name at :meth:`TraceWriter.close` once every byte is on
+the drive (onebit_predict/atomic.py): a full disk is an OSError naming the file, and a
+writer left by an exception (``with``) leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import numpy as np
 
+from .atomic import check_size, create_temp, fsync_file
 from .constants import TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
 from .trace import TraceHeader
 
@@ -21,8 +27,21 @@ class TraceWriter:
 
     def __init__(self, path: str | Path, header: TraceHeader) -> None:
         self.header = header
-        self._file = Path(path).open("wb")
-        self._file.write(header.to_bytes())
+        self.path = Path(path)
+        self._tmp = create_temp(self.path)
+        self._file: BinaryIO | None = self._tmp.open("wb")
+        self._bytes = 0
+        try:
+            self._put(header.to_bytes())
+        except BaseException:
+            self.abort()
+            raise
+
+    def _put(self, data: bytes) -> None:
+        if self._file is None:
+            raise ValueError(f"{self.path}: the trace writer is closed")
+        self._file.write(data)
+        self._bytes += len(data)
 
     def add(
         self,
@@ -65,14 +84,36 @@ class TraceWriter:
             if h.has_distance:
                 rec["distance"] = distance
         rec["flags"] = flags
-        self._file.write(rec.tobytes())
+        self._put(rec.tobytes())
 
     def write(self, records: np.ndarray) -> None:
         """Append records already laid out in ``header.dtype``."""
-        self._file.write(np.ascontiguousarray(records, dtype=self.header.dtype).tobytes())
+        self._put(np.ascontiguousarray(records, dtype=self.header.dtype).tobytes())
 
     def close(self) -> None:
-        self._file.close()
+        """Flush, fsync and check the temporary file, then rename it onto ``path`` (OSError on a short write)."""
+        if self._file is None:
+            return
+        f, self._file = self._file, None
+        try:
+            f.close()
+            check_size(self._tmp, self._bytes)
+            fsync_file(self._tmp)
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self._tmp.unlink(missing_ok=True)
+            raise
+
+    def abort(self) -> None:
+        """Drop what was written: ``path`` is left as it was."""
+        f, self._file = self._file, None
+        try:
+            if f is not None:
+                f.close()
+        except OSError:
+            pass
+        finally:
+            self._tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> TraceWriter:
         return self
@@ -80,4 +121,7 @@ class TraceWriter:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.close()
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

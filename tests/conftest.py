@@ -22,9 +22,9 @@ REPO = Path(__file__).resolve().parent.parent
 # --- the needs_build marker ------------------------------------------------------------------
 
 # fixtures that need the patched build (tiny_model, patched_llama) or only its source tree
-# (c_policy, c_prefetch: ONEBIT_LLAMA_TREE is enough)
+# (c_policy: ONEBIT_LLAMA_TREE is enough)
 BUILD_FIXTURES = {"tiny_model", "patched_llama"}
-TREE_FIXTURES = {"c_policy", "c_prefetch"}
+TREE_FIXTURES = {"c_policy"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

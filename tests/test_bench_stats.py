@@ -1,4 +1,6 @@
-"""tools/bench_stats.py: its synthetic trace is a valid, consistent trace; its report has both passes.
+"""tools/bench_stats.py, run as the script it is: its report has both passes, --keep reuses the
+trace, bad arguments exit 2. The synthetic trace it measures is onebit_predict/synth.py's
+(tests/test_synth.py).
 
 Only the shape of the report is asserted: timings, ratios and memory are measured by the
 benchmark, never judged by a test.
@@ -6,99 +8,40 @@ benchmark, never judged by a test.
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
-from onebit_predict.metrics.stats import compute_stats
-from onebit_predict.trace import Trace
+from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, TRACE_HEADER_SIZE
+from onebit_predict.synth import synth_header
 
-TOOL = Path(__file__).resolve().parent.parent / "tools" / "bench_stats.py"
-
-
-@pytest.fixture(scope="module")
-def bench_stats():
-    spec = importlib.util.spec_from_file_location("bench_stats", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+REPO = Path(__file__).resolve().parent.parent
+TOOL = REPO / "tools" / "bench_stats.py"
 
 
-def check_layout(trace: Trace) -> None:
-    """What docs/trace-format.md promises beyond what the stats' consistency control checks."""
-    h, rec = trace.header, trace.records
-    step, seq, pos, layer, flags = (
-        np.asarray(rec[k]).astype(np.int64) for k in ("step", "seq_id", "pos", "layer", "flags")
+def run_tool(*args: object) -> subprocess.CompletedProcess:
+    """``python tools/bench_stats.py ARGS``, with this checkout's package first on the path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run(
+        [sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, env=env, timeout=600
     )
-    assert (np.diff(step) >= 0).all() and step[0] == 0  # steps ascending
-    assert ((np.diff(layer) >= 0) | (np.diff(step) > 0)).all()  # layer-major within a step
-    assert (((flags & TRACE_FLAG_PREDICTED) != 0) == (layer >= 1)).all()  # predicted on layers >= 1
-    assert (rec["distance"] == np.where((flags & TRACE_FLAG_PREDICTED) != 0, 1, 0)).all()  # L+1
-    for s in np.unique(step):
-        at = step == s
-        rows = layer[at] == 0
-        row_seq, row_pos = seq[at][rows], pos[at][rows]
-        # every layer but the last has every row of the step, in the same ubatch order
-        for il in range(h.n_layer - 1):
-            assert (seq[at][layer[at] == il] == row_seq).all() and (pos[at][layer[at] == il] == row_pos).all()
-        # the last layer: only output rows (one per sequence of the step, its last row)
-        last = (seq[at][layer[at] == h.n_layer - 1], pos[at][layer[at] == h.n_layer - 1])
-        assert sorted(zip(*last)) == sorted((q, row_pos[row_seq == q].max()) for q in np.unique(row_seq))
-        # DECODE: the row's sequence has exactly one token in the ubatch
-        counts = {q: int((row_seq == q).sum()) for q in np.unique(row_seq)}
-        decode = (flags[at][rows] & TRACE_FLAG_DECODE) != 0
-        assert (decode == np.array([counts[q] == 1 for q in row_seq])).all()
-    # per sequence (layer 0 has every row): pos goes up by one, or restarts at 0 with a prompt
-    for q in np.unique(seq):
-        p = pos[(seq == q) & (layer == 0)]
-        d = np.diff(p)
-        assert ((d == 1) | (p[1:] == 0)).all()
 
 
-def test_synthetic_trace_is_consistent(bench_stats, tmp_path):
-    path = tmp_path / "small.trace"
-    n_steps, n_records = bench_stats.write_trace(path, 4 << 20, seed=3)
-    assert path.stat().st_size == bench_stats.expected_size(4 << 20, 3) <= 4 << 20
-    trace = Trace.open(path)
-    assert trace.n_records == n_records and trace.dropped_bytes == 0
-    h = trace.header
-    assert (h.n_layer, h.n_expert, h.n_expert_used, h.depth, h.mode_name) == (48, 128, 8, 16, "router")
-    assert h.margin == float("inf") and h.layer_mask == frozenset(range(1, 48))
-    st = compute_stats(trace)
-    assert st.issues == ()
-    total = st.total.metrics()
-    assert total["tokens"] > 0 and total["read_recall"] is not None and total["baseline_recall"] is not None
-    check_layout(trace)
+def bench(*args: object) -> tuple[int, dict]:
+    """(exit code, the --json report) of one run of the benchmark."""
+    p = run_tool(*args)
+    assert p.returncode in (EXIT_OK, EXIT_CHECK_FAILED) and "Traceback" not in p.stderr, p.stderr
+    return p.returncode, json.loads(p.stdout)
 
 
-def test_synthetic_trace_with_restarts(bench_stats, tmp_path, monkeypatch):
-    # short sequences, so that slots restart (seq_id reused, pos back to 0) within a small trace
-    monkeypatch.setattr(bench_stats, "GENERATE", (3, 12))
-    monkeypatch.setattr(bench_stats, "PROMPT", (2, 9))
-    path = tmp_path / "restarts.trace"
-    bench_stats.write_trace(path, 1 << 20, seed=1)
-    trace = Trace.open(path)
-    assert compute_stats(trace).issues == ()
-    check_layout(trace)
-    pos0 = trace.records["pos"][trace.records["layer"] == 0] == 0
-    assert pos0.sum() > bench_stats.N_SLOTS  # sequences did restart (first prompts: N_SLOTS)
-    # the same seed and size give the same bytes
-    again = tmp_path / "again.trace"
-    bench_stats.write_trace(again, 1 << 20, seed=1)
-    assert again.read_bytes() == path.read_bytes()
-
-
-def test_bench_reports_both_passes(bench_stats, tmp_path, capsys):
+def test_bench_reports_both_passes(tmp_path):
     path = tmp_path / "bench.trace"
-    rc = bench_stats.main(["--size-mib", "8", "--rounds", "1", "--trace", str(path), "--json"])
+    rc, report = bench("--size-mib", "8", "--rounds", "1", "--trace", path, "--json")
     assert rc in (EXIT_OK, EXIT_CHECK_FAILED)  # whether the goals hold is the benchmark's business
-    report = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in report["rows"]] == ["(a) onebit-stats --json", "(b) numpy memmap pass"]
     for r in report["rows"]:
         assert len(r["wall_s"]) == 1 and r["median_wall_s"] > 0
@@ -108,12 +51,11 @@ def test_bench_reports_both_passes(bench_stats, tmp_path, capsys):
     assert not path.exists()  # deleted without --keep
 
 
-def test_bench_with_the_numpy_engine(bench_stats, tmp_path, capsys):
-    rc = bench_stats.main(
-        ["--size-mib", "4", "--rounds", "1", "--trace", str(tmp_path / "t.trace"), "--json", "--with-numpy-engine"]
+def test_bench_with_the_numpy_engine(tmp_path):
+    rc, report = bench(
+        "--size-mib", "4", "--rounds", "1", "--trace", tmp_path / "t.trace", "--json", "--with-numpy-engine"
     )
     assert rc in (EXIT_OK, EXIT_CHECK_FAILED)
-    report = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in report["rows"]] == [
         "(a) onebit-stats --json",
         "(b) numpy memmap pass",
@@ -125,29 +67,36 @@ def test_bench_with_the_numpy_engine(bench_stats, tmp_path, capsys):
     )
 
 
-def test_bench_keep_reuses_the_trace(bench_stats, tmp_path, capsys):
+def test_bench_keep_reuses_the_trace(tmp_path):
     path = tmp_path / "kept.trace"
-    argv = ["--size-mib", "4", "--rounds", "1", "--trace", str(path), "--keep", "--json"]
-    assert bench_stats.main(argv) in (EXIT_OK, EXIT_CHECK_FAILED)
-    first = json.loads(capsys.readouterr().out)
+    argv = ["--size-mib", "4", "--rounds", "1", "--trace", path, "--keep", "--json"]
+    rc, first = bench(*argv)
+    assert rc in (EXIT_OK, EXIT_CHECK_FAILED)
     assert path.exists() and not first["trace"]["reused"]
-    assert bench_stats.main(argv) in (EXIT_OK, EXIT_CHECK_FAILED)
-    assert json.loads(capsys.readouterr().out)["trace"]["reused"]
+    assert path.read_bytes()[:TRACE_HEADER_SIZE] == synth_header(0).to_bytes()  # the package's synthetic trace
+    rc, again = bench(*argv)
+    assert rc in (EXIT_OK, EXIT_CHECK_FAILED) and again["trace"]["reused"]
     # another size: the file is ours, so it is rewritten
-    assert bench_stats.main([*argv[:1], "5", *argv[2:]]) in (EXIT_OK, EXIT_CHECK_FAILED)
-    assert not json.loads(capsys.readouterr().out)["trace"]["reused"]
+    rc, other = bench(*argv[:1], "5", *argv[2:])
+    assert rc in (EXIT_OK, EXIT_CHECK_FAILED) and not other["trace"]["reused"]
 
 
-def test_bench_usage(bench_stats, tmp_path, capsys):
-    assert bench_stats.main(["--rounds", "0"]) == EXIT_USAGE
-    assert bench_stats.main(["--size-mib", "0"]) == EXIT_USAGE
-    assert bench_stats.main(["--size-mib", "nan"]) == EXIT_USAGE
-    assert bench_stats.main(["--size-mib", "1"]) == EXIT_USAGE  # not even the first ubatch
-    assert bench_stats.main(["--bogus"]) == EXIT_USAGE
-    assert bench_stats.main(["--trace", str(tmp_path / "no" / "dir.trace")]) == EXIT_USAGE
+@pytest.mark.parametrize(
+    "args, said",
+    [
+        (["--rounds", "0"], "--rounds must be >= 1"),
+        (["--size-mib", "0"], "--size-mib must be a positive number"),
+        (["--size-mib", "nan"], "--size-mib must be a positive number"),
+        (["--size-mib", "1"], "whole ubatches"),  # not even the first ubatch
+        (["--bogus"], "unrecognized arguments"),
+        (["--trace", "{tmp}/no/dir.trace"], "is not a directory"),
+        (["--trace", "{other}", "--size-mib", "4"], "pass --keep"),  # exists, no --keep
+        (["--trace", "{other}", "--size-mib", "4", "--keep"], "not a synthetic trace"),  # not ours
+    ],
+)
+def test_bench_usage(tmp_path, args, said):
     other = tmp_path / "other.trace"
     other.write_bytes(b"not a trace")
-    assert bench_stats.main(["--trace", str(other), "--size-mib", "4"]) == EXIT_USAGE  # exists, no --keep
-    assert bench_stats.main(["--trace", str(other), "--size-mib", "4", "--keep"]) == EXIT_USAGE  # not ours
+    p = run_tool(*(a.format(tmp=tmp_path, other=other) for a in args))
+    assert p.returncode == EXIT_USAGE and said in p.stderr and p.stdout == "", p.stderr
     assert other.read_bytes() == b"not a trace"
-    capsys.readouterr()

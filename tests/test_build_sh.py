@@ -5,8 +5,8 @@ test edits patches/) against a cache of its own (ONEBIT_CACHE=tmp_path/...), see
 real cache: the pinned sdist is hard-linked into it and the pristine llama.cpp tree is cloned
 into it, so no test downloads or unpacks the sdist. What is covered: the command line and its
 exit codes, a missing or malformed patches/PIN or patches/series, the sdist's sha256 check,
-the lint of patches/series (onebit_predict/series.py, unit-tested in test_series.py, called
-by build.sh), the ruff step of check, a patch that does not apply (check and build), a clean
+the lint of patches/series (tools/series.py, unit-tested in test_series.py, run by
+build.sh), the ruff step of check, a patch that does not apply (check and build), a clean
 check, rebase --tree (clean, conflicting, dirty tree) and export --from regenerating patches/
 byte for byte.
 
@@ -37,8 +37,7 @@ COPIED = (
     "ctest_port",
     "pyproject.toml",
     "README.md",
-    "onebit_predict/__init__.py",
-    "onebit_predict/series.py",
+    "tools/series.py",  # build.sh runs it, and nothing else of the checkout's Python
 )
 TIMEOUT_S = 300
 PRISTINE_TAG = "onebit-pristine"
@@ -406,7 +405,7 @@ def test_rebase_tree_that_is_not_a_git_checkout_exits_2(tmp_path: Path) -> None:
     assert f"--tree '{plain}' is not a git checkout" in r.stderr, r
 
 
-# --- 1b. patches/PIN and patches/series, read by onebit_predict/series.py -----------------------
+# --- 1b. patches/PIN and patches/series, read by tools/series.py ---------------------------------
 
 PIN_AND_SERIES_ERRORS = [
     ("build", "PIN", None, "patches/PIN is missing"),
@@ -534,16 +533,64 @@ def test_build_stops_at_a_patch_that_does_not_apply(repo: Path, cache: Path, tmp
 # --- 6. a clean check -------------------------------------------------------------------------
 
 
+def _recording_cmake(where: Path, fail_build: int = 0) -> Path:
+    """A cmake that records its calls in where/cmake.log, lists every target for ``--target help``
+    and fails its FAIL_BUILD-th build (0: none): the per-patch compile step without a compiler."""
+    bin_dir = where / "recording-cmake-bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = where / "cmake.log"
+    stub = bin_dir / "cmake"
+    stub.write_text(
+        f"""#!/bin/sh
+echo "$*" >> '{log}'
+case "$*" in
+  *"--target help"*) for t in llama test-onebit-moe-policy llama-cli ggml-rpc-server; do echo "... $t"; done; exit 0;;
+  --build*) n=$(grep -c -- '^--build .* -j' '{log}')
+            [ "$n" = "{fail_build}" ] && {{ echo 'stub: error' >&2; exit 2; }};;
+esac
+exit 0
+"""
+    )
+    stub.chmod(0o755)
+    return bin_dir
+
+
 def test_check_passes_on_the_committed_series(repo: Path, cache: Path, tmp_dir: Path) -> None:
     before = {p.name: p.read_bytes() for p in (repo / "patches").iterdir()}
-    r = run_build_sh(repo, cache, "check", tmpdir=tmp_dir)
+    stub = _recording_cmake(tmp_dir.parent)
+    r = run_build_sh(
+        repo, cache, "check", tmpdir=tmp_dir, extra_env={"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+    )
     assert r.rc == 0, r
     n = len(series(repo))
-    assert f"==> check passed: {n} patch(es) apply without fuzz and re-export byte-identically" in r.stderr, r
+    assert (
+        f"==> check passed: {n} patch(es) apply without fuzz, re-export byte-identically and each compiles" in r.stderr
+    )
+    # every patch configured and compiled, the targets that exist at that patch only
+    calls = (tmp_dir.parent / "cmake.log").read_text().splitlines()
+    builds = [c for c in calls if c.startswith("--build") and " -j " in c]
+    assert len([c for c in calls if c.startswith("-S ")]) == n and len(builds) == n, calls
+    assert all(b.endswith("--target llama test-onebit-moe-policy llama-cli ggml-rpc-server") for b in builds), builds
     assert "error" not in r.stderr, r
     assert {p.name: p.read_bytes() for p in (repo / "patches").iterdir()} == before, "check changed patches/"
     assert leftovers(cache, tmp_dir) == [], f"check left files behind\n{r}"
     assert ruff_calls(repo) == [f"check {repo}", f"format --check {repo}"], r
+
+
+def test_check_names_a_patch_that_does_not_compile(repo: Path, cache: Path, tmp_dir: Path) -> None:
+    stub = _recording_cmake(tmp_dir.parent, fail_build=2)
+    r = run_build_sh(
+        repo, cache, "check", tmpdir=tmp_dir, extra_env={"PATH": f"{stub}{os.pathsep}{os.environ['PATH']}"}
+    )
+    assert r.rc == 1, r
+    assert "[2/" in r.stderr and "patch 2 ('" in r.stderr and "does not compile on its own" in r.stderr, r
+    assert "check passed" not in r.stderr, r
+
+
+def test_check_can_skip_the_compile(repo: Path, cache: Path, tmp_dir: Path) -> None:
+    r = run_build_sh(repo, cache, "check", tmpdir=tmp_dir, no_cmake=True, extra_env={"ONEBIT_CHECK_COMPILE": "0"})
+    assert r.rc == 0, r
+    assert "(ONEBIT_CHECK_COMPILE=0: not compiled patch by patch)" in r.stderr, r
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -153,6 +154,31 @@ def test_two_traces_side_by_side(capsys, router, tmp_path, run):
     assert rows["1"] == ["66.7", "33.3", "100.0", "100.0", "33.3"]
     assert rows["2"] == ["-", "-", "-", "-", "66.7"]
     assert rows["total"] == ["66.7", "33.3", "100.0", "100.0", "33.3"]
+
+
+@pytest.mark.parametrize("named_like_subcommands", [False, True])
+def test_the_first_argument_names_the_subcommand(capsys, router, tmp_path, monkeypatch, run, named_like_subcommands):
+    """The command line alone decides (commands/stats.py): a subcommand's name first is that
+    subcommand, anything else is rates; files named like subcommands in the working directory
+    change nothing, and such a trace is given with a path."""
+    monkeypatch.chdir(tmp_path)
+    block = make(tmp_path / "block.trace", mode=MODE_BLOCK, pred=BLOCK_PRED)
+    if named_like_subcommands:
+        for name in ("rates", "replay", "simulate", "plot-memory"):
+            shutil.copy(router, tmp_path / name)
+    rc, implicit, err = run(router, block, "--json")  # the README's onebit-stats router.bin block.bin
+    assert rc == 0 and err == ""
+    rc, explicit, err = run("rates", router, block, "--json")
+    assert rc == 0 and explicit == implicit and len(json.loads(implicit)["traces"]) == 2
+    for name in ("rates", "replay", "simulate"):  # the subcommand, lacking its trace: a usage error
+        rc, out, err = run(name, "--json")
+        assert rc == 2 and out == "" and "the following arguments are required" in err, (name, err)
+    if named_like_subcommands:
+        for name in ("./rates", "./replay", "./simulate", "./plot-memory"):
+            rc, out, err = run(name, "--json")
+            assert rc == 0 and json.loads(out)["traces"][0]["total"]["tokens"] == 3, (name, err)
+        rc, out, err = run("replay", "./replay", "--slots", "2")
+        assert rc == 0 and "lru@2 hit%" in out, err
 
 
 def test_disagreeing_routing_fails_unless_forced(capsys, router, tmp_path, run):

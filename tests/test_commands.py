@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from onebit_predict.cache.expert_bytes import ModelError
-from onebit_predict.cache.plot import PlotUnavailable
 from onebit_predict.checks.rounds import WorkerError
 from onebit_predict.commands import stats
 from onebit_predict.commands.common import CheckFailed, UsageError, exit_code, run_command
 from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from onebit_predict.costmodel.expert_bytes import ModelError
+from onebit_predict.costmodel.plot import PlotUnavailable
 from onebit_predict.llama.drive import DriveError
 from onebit_predict.llama.evict import EvictError
 from onebit_predict.llama.paths import NotBuiltError
@@ -146,26 +146,40 @@ def test_run_command_keeps_the_traceback_of_a_bug():
 
 
 @pytest.mark.parametrize(
-    "argv, files, first",
+    "argv, first",
     [
-        (["T.bin"], [], "rates"),
-        (["--json", "T.bin"], [], "rates"),
-        (["replay", "T.bin", "--slots", "2"], [], "replay"),
-        (["simulate", "T.bin", "--bandwidth", "3GB/s"], [], "simulate"),
-        (["replay", "--json"], ["replay"], "rates"),  # a trace named replay needs no ./
-        (["replay"], ["replay"], "rates"),
-        (["replay", "replay", "--slots", "2"], ["replay"], "replay"),
-        (["replay", "replay", "--slots=2"], ["replay"], "replay"),
-        (["simulate", "--json"], ["simulate"], "rates"),
-        (["simulate", "simulate", "--bandwidth", "3GB/s"], ["simulate"], "simulate"),
-        (["rates", "T.bin"], [], "rates"),
-        (["--help"], [], "--help"),
+        (["T.bin"], "rates"),
+        (["T.bin", "U.bin"], "rates"),  # the README's onebit-stats router.bin block.bin
+        (["--json", "T.bin"], "rates"),
+        (["rates", "T.bin"], "rates"),
+        (["replay", "T.bin", "--slots", "2"], "replay"),
+        (["simulate", "T.bin", "--bandwidth", "3GB/s"], "simulate"),
+        (["plot-memory", "R.json"], "plot-memory"),
+        (["replay"], "replay"),  # a subcommand's name is the subcommand, with or without its options
+        (["replay", "--json"], "replay"),
+        (["replay", "replay", "--slots", "2"], "replay"),
+        (["simulate", "--json"], "simulate"),
+        (["./replay"], "rates"),  # a trace named like a subcommand: given with a path
+        (["./simulate", "--json"], "rates"),
+        (["T.bin", "replay"], "rates"),  # only the first argument can name a subcommand
+        (["--help"], "--help"),
+        (["-h"], "-h"),
+        ([], "rates"),
     ],
 )
-def test_the_subcommand_rule(argv, files, first, tmp_path, monkeypatch):
+@pytest.mark.parametrize("files", [False, True])
+def test_the_subcommand_rule(argv, first, files, tmp_path, monkeypatch):
+    """The command line alone picks the subcommand: files named like one in the working directory
+    change nothing."""
     monkeypatch.chdir(tmp_path)
-    for name in files:
-        (tmp_path / name).write_bytes(b"")
+    if files:
+        for name in stats.SUBCOMMANDS:
+            (tmp_path / name).write_bytes(b"")
     picked = stats.with_subcommand(argv)
-    assert picked[0] == first
-    assert picked[-len(argv) :] == argv
+    assert picked[0] == first if argv or first != "rates" else picked == ["rates"]
+    assert picked[len(picked) - len(argv) :] == argv
+
+
+def test_the_subcommands_are_the_parsers():
+    sub = next(a for a in stats.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert tuple(sub.choices) == stats.SUBCOMMANDS

@@ -1,4 +1,4 @@
-"""Grown models (onebit_predict/models/, onebit-grow): the writer's shapes, zeros, keys and
+"""Grown models (onebit_predict/grow/, onebit-grow): the writer's shapes, zeros, keys and
 determinism (gguf only), the sizing and llama-quantize's log, and the proof on the grown
 qwen3moe-tiny (needs_build: the patched libllama runs both models)."""
 
@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from onebit_predict.commands import grow as grow_cli
-from onebit_predict.models import grow as g
-from onebit_predict.models.quantize import QuantizeFailed, fallbacks, summarize
-from onebit_predict.models.store import Store
+from onebit_predict.grow import grow as g
+from onebit_predict.grow.quantize import QuantizeFailed, fallbacks, summarize
+from onebit_predict.grow.store import Store
 
 REPO = Path(__file__).resolve().parent.parent
 QWEN3 = REPO / "models" / "qwen3moe-tiny.gguf"
@@ -36,15 +36,16 @@ def test_grow_shapes_zeros_keys(src, tmp_path):
     before, after = _tensors(src), _tensors(out.path)
     assert list(before) == list(after)  # same tensors, same order
     assert out.grown_tensors == 3 * len(info.layers)
+    roles = {t.name: t.role for t in info.experts.tensors}  # the routed experts (gguf_experts.py)
+    assert len(roles) == 3 * len(info.layers)
     for name, t in before.items():
         u = after[name]
-        m = g.EXPERT_FFN.match(name)
-        if not m:  # shared experts, router, attention: copied as they are
+        if name not in roles:  # shared experts, router, attention: copied as they are
             assert u.tensor_type == t.tensor_type and np.array_equal(np.asarray(u.data), np.asarray(t.data)), name
             continue
         assert u.tensor_type == gguf.GGMLQuantizationType.F32
         data, orig = np.asarray(u.data), np.asarray(t.data).astype(np.float32)
-        if m.group(2) == "down":  # numpy (E, n_embd, width): zero columns
+        if roles[name] == "down":  # numpy (E, n_embd, width): zero columns
             assert data.shape == (16, 64, 256)
             assert np.array_equal(data[:, :, :64], orig) and not data[:, :, 64:].any()
         else:  # (E, width, n_embd): zero rows

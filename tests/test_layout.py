@@ -43,7 +43,7 @@ GRAPH = {name: {m for m in imports(name, path) if m in MODULES and m != name} fo
 
 
 def test_the_rooms_exist():
-    for room in ("commands", "checks", "llama", "cache", "metrics"):
+    for room in ("commands", "checks", "llama", "costmodel", "metrics"):
         assert f"onebit_predict.{room}" in MODULES, room
     for kept in ("policy", "trace", "constants"):
         assert f"onebit_predict.{kept}" in MODULES, kept

@@ -16,6 +16,15 @@ import pytest
 from onebit_predict import learned as L
 
 REPO = Path(__file__).resolve().parent.parent
+MODELS = REPO / "models"
+BUNDLED = ("qwen3moe-tiny", "qwen4exp-tiny", "olmoe-tiny")
+# model_identity of the bundled models (their sha256 is pinned in models/README.md), as llama.cpp's
+# log prints them
+IDENTITY = {
+    "qwen3moe-tiny": ("qwen3moe", 0x58F31EDC0B5A23B0),
+    "qwen4exp-tiny": ("qwen4exp", 0x51B4E94FE8DE380C),
+    "olmoe-tiny": ("olmoe", 0xB8E32C71829E9BFC),
+}
 
 
 def make_pred(ahead=1, n_layer=4, n_embd=8, n_expert=6, seed=0, **kw) -> L.LearnedPredictor:
@@ -27,10 +36,17 @@ def make_pred(ahead=1, n_layer=4, n_embd=8, n_expert=6, seed=0, **kw) -> L.Learn
         )
         for li in range(ahead, n_layer)
     }
-    args = (
-        dict(ahead=ahead, n_embd=n_embd, n_expert=n_expert, model_name="m", trained_on="generation", tokens=1234) | kw
+    args = dict(
+        ahead=ahead,
+        n_embd=n_embd,
+        n_expert=n_expert,
+        model_name="m",
+        trained_on="generation",
+        tokens=1234,
+        model_arch="qwen3moe",
+        router_hash=0xFEDCBA9876543210,
     )
-    return L.LearnedPredictor(layers=layers, **args)
+    return L.LearnedPredictor(layers=layers, **(args | kw))
 
 
 def write_raw(path: Path, *, arch=L.ARCH, keys=None, drop=(), tensors=None, ahead=1, n_embd=8, n_expert=6):
@@ -43,11 +59,14 @@ def write_raw(path: Path, *, arch=L.ARCH, keys=None, drop=(), tensors=None, ahea
         L.KEY_MODEL_NAME: ("str", "m"),
         L.KEY_TRAINED_ON: ("str", "chunks"),
         L.KEY_TOKENS: ("u32", 10),
+        L.KEY_MODEL_ARCH: ("str", "qwen3moe"),
+        L.KEY_ROUTER_HASH: ("u64", 2**64 - 1),
     } | (keys or {})
+    add = {"u32": w.add_uint32, "u64": w.add_uint64, "str": w.add_string, "i32": w.add_int32, "f32": w.add_float32}
     for k, (kind, v) in vals.items():
         if k in drop:
             continue
-        {"u32": w.add_uint32, "str": w.add_string, "i32": w.add_int32, "f32": w.add_float32}[kind](k, v)
+        add[kind](k, v)
     if tensors is None:
         tensors = {}
         for li in range(ahead, 3):
@@ -59,6 +78,35 @@ def write_raw(path: Path, *, arch=L.ARCH, keys=None, drop=(), tensors=None, ahea
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def copy_sidecar(src: Path, dst: Path, *, drop=(), keys=None, poison: str | None = None) -> Path:
+    """``src`` rewritten without the module's validation: keys ``drop``ped, ``keys`` ({key: (kind,
+    value)}) added or replaced, tensor ``poison``'s first value NaN; every other key and value as is."""
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, L.ARCH)
+    add = {"u32": w.add_uint32, "u64": w.add_uint64, "str": w.add_string}
+    kinds = {gguf.GGUFValueType.UINT32: "u32", gguf.GGUFValueType.UINT64: "u64", gguf.GGUFValueType.STRING: "str"}
+    vals = {k: (kinds[f.types[0]], f.contents()) for k, f in r.fields.items() if k.startswith(L.ARCH + ".")}
+    for k, (kind, v) in (vals | (keys or {})).items():
+        if k not in drop:
+            add[kind](k, v)
+    for t in r.tensors:
+        arr = np.array(t.data, dtype=np.float32)
+        if t.name == poison:
+            arr.reshape(-1)[0] = np.nan
+        w.add_tensor(t.name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+def bundled(name: str) -> Path:
+    path = MODELS / f"{name}.gguf"
+    assert path.is_file(), f"{path} is missing: it is committed (models/README.md)"
     return path
 
 
@@ -79,6 +127,7 @@ def test_round_trip(tmp_path, ahead):
         "chunks",
         65536,
     )
+    assert (back.model_arch, back.router_hash) == ("qwen3moe", 0xFEDCBA9876543210)
     assert sorted(back.layers) == list(range(ahead, 5)) and back.n_layer == 5
     for li, ly in pred.layers.items():
         assert np.array_equal(back.layers[li].weight, ly.weight)
@@ -97,6 +146,15 @@ def test_layout_as_llama_reads_it(tmp_path):
         assert r.fields[k].types == [gguf.GGUFValueType.UINT32]
     for k in L.STRING_KEYS:
         assert r.fields[k].types == [gguf.GGUFValueType.STRING]
+    # the model the sidecar names, as llama.cpp reads it
+    assert r.fields[L.KEY_MODEL_ARCH].types == [gguf.GGUFValueType.STRING]
+    assert r.fields[L.KEY_MODEL_ARCH].contents() == "qwen3moe"
+    assert r.fields[L.KEY_ROUTER_HASH].types == [gguf.GGUFValueType.UINT64]
+    assert r.fields[L.KEY_ROUTER_HASH].contents() == 0xFEDCBA9876543210
+    assert (L.KEY_MODEL_ARCH, L.KEY_ROUTER_HASH) == (
+        "onebit_learned.model.architecture",
+        "onebit_learned.model.router_hash",
+    )
     shapes = {t.name: ([int(n) for n in t.shape], t.tensor_type) for t in r.tensors}
     f32 = gguf.GGMLQuantizationType.F32
     assert shapes == {
@@ -122,6 +180,10 @@ def test_raw_writer_makes_a_valid_file(tmp_path):
         (dict(keys={L.KEY_TRAINED_ON: ("str", "text")}), "trained_on = 'text' is not one of"),
         (dict(keys={L.KEY_MODEL_NAME: ("u32", 7)}), "key onebit_learned.model_name is UINT32, expected STRING"),
         (dict(keys={"onebit_learned.extra": ("u32", 1)}), "unknown key(s) onebit_learned.extra"),
+        (dict(drop=(L.KEY_MODEL_ARCH, L.KEY_ROUTER_HASH)), "the sidecar names no model"),
+        (dict(drop=(L.KEY_ROUTER_HASH,)), "names no model (key(s) onebit_learned.model.router_hash missing)"),
+        (dict(keys={L.KEY_ROUTER_HASH: ("u32", 7)}), "key onebit_learned.model.router_hash is UINT32, expected UINT64"),
+        (dict(keys={L.KEY_MODEL_ARCH: ("u32", 5)}), "key onebit_learned.model.architecture is UINT32, expected STRING"),
         (
             dict(tensors={"learned.1.weight": np.zeros((6, 8), np.float32)}),
             "tensor learned.1.bias is missing",
@@ -203,6 +265,11 @@ def test_reader_error_not_gguf(tmp_path):
         (dict(tokens=-1), "is not a u32"),
         (dict(n_expert=1), "at least 2 experts"),
         (dict(model_name=""), "model_name is empty"),
+        (dict(model_arch=""), "model.architecture is empty"),
+        (dict(model_arch=None), "model.architecture is empty or not a string"),
+        (dict(router_hash=-1), "router_hash = -1 is not a u64"),
+        (dict(router_hash=2**64), "router_hash = 18446744073709551616 is not a u64"),
+        (dict(router_hash=None), "router_hash = None is not a u64"),
     ],
 )
 def test_writer_refuses(tmp_path, kw, message):
@@ -231,23 +298,164 @@ def test_writer_refuses_gap_and_shape(tmp_path):
 def test_committed_sidecars(name, ahead):
     """The committed generation-trained sidecars read back and fit their model."""
     path = REPO / "models" / f"{name}.learned-k{ahead}.gguf"
-    if not path.exists():
-        pytest.skip(f"{path.name} not present (tools/train_learned.py writes it)")
+    assert path.is_file(), f"{path} is missing: it is committed (tools/train_learned.py writes it)"
     pred = L.read_learned(path)
     assert pred.ahead == ahead and pred.trained_on == "generation"
+    assert (pred.model_arch, pred.router_hash) == IDENTITY[name]
     L.check_model(pred, REPO / "models" / f"{name}.gguf")
 
 
 def test_check_model_mismatch(tmp_path):
-    model = REPO / "models" / "qwen3moe-tiny.gguf"
-    if not model.exists():
-        pytest.skip("models/qwen3moe-tiny.gguf not present")
-    pred = make_pred(ahead=1, n_layer=8, n_embd=64, n_expert=16, model_name="onebit-tiny-qwen3moe")
+    model = bundled("qwen3moe-tiny")
+    ident = dict(zip(("model_arch", "router_hash"), IDENTITY["qwen3moe-tiny"]))
+    pred = make_pred(ahead=1, n_layer=8, n_embd=64, n_expert=16, model_name="onebit-tiny-qwen3moe", **ident)
     L.check_model(pred, model)
     with pytest.raises(L.LearnedError, match="n_expert 8 != 16"):
-        L.check_model(make_pred(ahead=1, n_layer=8, n_embd=64, n_expert=8, model_name="onebit-tiny-qwen3moe"), model)
+        L.check_model(
+            make_pred(ahead=1, n_layer=8, n_embd=64, n_expert=8, model_name="onebit-tiny-qwen3moe", **ident), model
+        )
     with pytest.raises(L.LearnedError, match="model_name 'x'"):
-        L.check_model(make_pred(ahead=1, n_layer=8, n_embd=64, n_expert=16, model_name="x"), model)
+        L.check_model(make_pred(ahead=1, n_layer=8, n_embd=64, n_expert=16, model_name="x", **ident), model)
+
+
+def test_check_model_refuses_another_models_sidecar():
+    """Issue 21: qwen4exp-tiny's sidecar has qwen3moe-tiny's shapes (16 x 64, 8 layers) and, run on
+    it, predicted silently and badly. check_model says which identity differs."""
+    model, sidecar = bundled("qwen3moe-tiny"), MODELS / "qwen4exp-tiny.learned-k1.gguf"
+    pred = L.read_learned(sidecar)
+    assert (pred.n_embd, pred.n_expert, pred.n_layer) == (64, 16, 8)  # the shapes fit
+    with pytest.raises(L.LearnedError) as e:
+        L.check_model(pred, model)
+    msg = str(e.value)
+    assert "trained on another model" in msg
+    assert "onebit_learned.model.architecture 'qwen4exp' != 'qwen3moe'" in msg
+    assert "onebit_learned.model.router_hash 51b4e94fe8de380c != 58f31edc0b5a23b0" in msg
+    # the same architecture and name, another router: only the hash differs, and the message says so
+    own = L.read_learned(MODELS / "qwen3moe-tiny.learned-k1.gguf")
+    other = L.LearnedPredictor(**{**own.__dict__, "router_hash": own.router_hash ^ 1})
+    with pytest.raises(L.LearnedError, match="router_hash 58f31edc0b5a23b1 != 58f31edc0b5a23b0") as e:
+        L.check_model(other, model)
+    assert "architecture" not in str(e.value) and "model_name" not in str(e.value)
+    L.check_model(own, model)
+
+
+# --- the model a sidecar names ----------------------------------------------------------------------
+
+
+def test_fnv1a64_reference_values():
+    """FNV-1a 64 (offset basis 0xcbf29ce484222325, prime 0x100000001b3): the published test vectors."""
+    assert L.fnv1a64(b"") == 0xCBF29CE484222325
+    assert L.fnv1a64(b"a") == 0xAF63DC4C8601EC8C
+    assert L.fnv1a64(b"foobar") == 0x85944171F73967E8
+    assert L.fnv1a64(b"bar", L.fnv1a64(b"foo")) == L.fnv1a64(b"foobar")  # it continues
+
+
+def _identity_by_hand(path: Path) -> tuple[str, int]:
+    """The definition, written out: FNV-1a 64 over expert 0's router row (little-endian float32) of
+    every layer with a router, in layer order."""
+    r = gguf.GGUFReader(path)
+    arch = r.fields["general.architecture"].contents()
+    tens = {t.name: t for t in r.tensors}
+    data = b"".join(
+        np.asarray(tens[f"blk.{li}.ffn_gate_inp.weight"].data[0], dtype="<f4").tobytes()
+        for li in range(int(r.fields[f"{arch}.block_count"].contents()))
+        if f"blk.{li}.ffn_gate_inp.weight" in tens
+    )
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) % 2**64
+    return arch, h
+
+
+@pytest.mark.parametrize("name", BUNDLED)
+def test_model_identity_of_the_bundled_models(name):
+    """Stable (the pinned value, twice), the definition computed by hand, and different for each model."""
+    path = bundled(name)
+    assert L.model_identity(path) == L.model_identity(path) == IDENTITY[name] == _identity_by_hand(path)
+    assert len({h for _, h in IDENTITY.values()}) == len(IDENTITY)
+
+
+def _router_model(path: Path, routers: dict[int, tuple[np.ndarray, gguf.GGMLQuantizationType]], n_layer=4, nextn=0):
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    w.add_uint32("qwen3moe.block_count", n_layer)
+    if nextn:
+        w.add_uint32("qwen3moe.nextn_predict_layers", nextn)
+    for li, (arr, qtype) in routers.items():
+        if qtype == gguf.GGMLQuantizationType.F32:
+            w.add_tensor(f"blk.{li}.ffn_gate_inp.weight", arr)
+        elif qtype == gguf.GGMLQuantizationType.F16:
+            w.add_tensor(f"blk.{li}.ffn_gate_inp.weight", arr.astype(np.float16))
+        else:
+            w.add_tensor(f"blk.{li}.ffn_gate_inp.weight", gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+    w.add_tensor("blk.0.attn_q.weight", np.ones((4, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_model_identity_per_router_type(tmp_path):
+    """A router's values, not its encoding: F32, F16 and BF16 of the same (exactly representable)
+    values hash alike; a quantized router hashes its dequantized values (ggml's to_float); layers
+    without a router (dense) are skipped and llama.cpp's MTP layers (nextn_predict_layers) are not
+    counted."""
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(0)
+    rows = [(rng.integers(-64, 64, (6, 64)) / 16).astype(np.float32) for _ in range(4)]
+    want = L.fnv1a64(rows[0][0].tobytes() + rows[2][0].tobytes())  # layers 0 and 2; 1 is dense
+    for qtype in (T.F32, T.F16, T.BF16):
+        path = _router_model(tmp_path / f"{qtype.name}.gguf", {0: (rows[0], qtype), 2: (rows[2], qtype)})
+        assert L.model_identity(path) == ("qwen3moe", want), qtype.name
+    # layer 3 is an MTP layer (block_count 4, nextn 1): llama.cpp's n_layer() is 3
+    path = _router_model(tmp_path / "mtp.gguf", {0: (rows[0], T.F32), 2: (rows[2], T.F32), 3: (rows[3], T.F32)}, 4, 1)
+    assert L.model_identity(path)[1] == want
+    q = gguf.quants.quantize(rows[1], T.Q8_0)
+    path = _router_model(tmp_path / "q8.gguf", {1: (rows[1], T.Q8_0)})
+    deq = gguf.quants.dequantize(q, T.Q8_0)[0].astype("<f4")
+    assert not np.array_equal(deq, rows[1][0])  # Q8_0 is lossy here: the dequantized values are hashed
+    assert L.model_identity(path)[1] == L.fnv1a64(deq.tobytes())
+    with pytest.raises(L.LearnedError, match="not a MoE model"):
+        L.model_identity(_router_model(tmp_path / "dense.gguf", {}))
+
+
+def test_stamp_names_the_model_and_keeps_the_values(tmp_path):
+    """An unstamped copy of a committed sidecar (a file trained before the keys): read_learned
+    refuses it, stamp() writes it back byte for byte as committed; stamp refuses a model it does
+    not fit (another model's name)."""
+    committed = MODELS / "qwen3moe-tiny.learned-k2.gguf"
+    model = bundled("qwen3moe-tiny")
+    bare = copy_sidecar(committed, tmp_path / "bare.gguf", drop=L.IDENTITY_KEYS)
+    with pytest.raises(L.LearnedError, match="the sidecar names no model .* stamp it with the model"):
+        L.read_learned(bare)
+    pred = L.stamp(bare, model, tmp_path / "stamped.gguf")
+    assert (pred.model_arch, pred.router_hash) == IDENTITY["qwen3moe-tiny"]
+    assert (tmp_path / "stamped.gguf").read_bytes() == committed.read_bytes()
+    L.stamp(bare, model)  # in place
+    assert bare.read_bytes() == committed.read_bytes()
+    with pytest.raises(L.LearnedError, match="model_name 'onebit-tiny-qwen3moe'"):
+        L.stamp(bare, bundled("qwen4exp-tiny"), tmp_path / "wrong.gguf")
+    assert not (tmp_path / "wrong.gguf").exists()
+    nan = copy_sidecar(committed, tmp_path / "nan.gguf", drop=L.IDENTITY_KEYS, poison="learned.2.weight")
+    with pytest.raises(L.LearnedError, match="learned.2.weight holds a value that is not finite"):
+        L.stamp(nan, model, tmp_path / "nan-stamped.gguf")
+
+
+def test_command_line(tmp_path, capsys):
+    from onebit_predict.commands.learned import main as learned_main
+
+    q3, q4 = bundled("qwen3moe-tiny"), bundled("qwen4exp-tiny")
+    assert learned_main(["identity", str(q3)]) == 0
+    assert capsys.readouterr().out == "qwen3moe 58f31edc0b5a23b0\n"
+    assert learned_main(["check", str(MODELS / "qwen3moe-tiny.learned-k1.gguf"), str(q3)]) == 0
+    assert learned_main(["check", str(MODELS / "qwen4exp-tiny.learned-k1.gguf"), str(q3)]) == 1
+    assert "trained on another model" in capsys.readouterr().err
+    bare = copy_sidecar(MODELS / "qwen4exp-tiny.learned-k1.gguf", tmp_path / "bare.gguf", drop=L.IDENTITY_KEYS)
+    assert learned_main(["check", str(bare), str(q4)]) == 2
+    assert "names no model" in capsys.readouterr().err
+    assert learned_main(["stamp", str(bare), str(q4), "--out", str(tmp_path / "s.gguf")]) == 0
+    assert (tmp_path / "s.gguf").read_bytes() == (MODELS / "qwen4exp-tiny.learned-k1.gguf").read_bytes()
+    assert learned_main(["identity", str(tmp_path / "absent.gguf")]) == 2
 
 
 # --- the loss and the training step ------------------------------------------------------------------

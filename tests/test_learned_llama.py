@@ -1,6 +1,7 @@
 """ONEBIT_MOE_PREDICT=learned in libllama: the committed sidecars run in the graph (the trace
 records their predictions at their distance, and they beat the router they start from on the
-held-out text), and every sidecar that does not fit refuses the context with its reason."""
+held-out text), and every sidecar that does not fit refuses the context with its reason: one
+made for another model (issue 21), one that names no model, one with a non-finite weight."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import pytest
 from onebit_predict.checks.bitident import SCENARIOS, random_sidecar, run_once, run_problem
 from onebit_predict.commands.trace import main as trace_main
 from onebit_predict.constants import ENV_AHEAD, ENV_LEARNED, ENV_MODE, EXIT_OK
+from onebit_predict.learned import IDENTITY_KEYS, model_identity
 from onebit_predict.llama.runner import Context, ContextSettings, Model, RunError
 from onebit_predict.llama.tiny import TINY_ARCHS
 from onebit_predict.metrics.stats import compute_stats
 from onebit_predict.trace import Trace
+from tests.test_learned import copy_sidecar
 
 pytestmark = pytest.mark.needs_build
 
@@ -71,6 +74,53 @@ def test_a_sidecar_that_does_not_fit_is_refused(tmp_path, capsys):
     junk.write_bytes(b"junk")
     err = _refused(qwen, {**learned, ENV_LEARNED: str(junk)}, capsys)
     assert "cannot be read as a GGUF file" in err
+
+
+@pytest.mark.parametrize("name", ["qwen3moe-tiny", "qwen4exp-tiny", "olmoe-tiny"])
+def test_committed_sidecars_name_their_model(name):
+    """Each committed (stamped) sidecar is accepted by its own model at its K: llama.cpp's router
+    hash of the model equals the one the sidecar names (learned.model_identity's)."""
+    with Model(MODELS / f"{name}.gguf") as model:
+        for ahead in (1, 2, 3):
+            sidecar = MODELS / f"{name}.learned-k{ahead}.gguf"
+            _context(model, {ENV_MODE: "learned", ENV_AHEAD: str(ahead), ENV_LEARNED: str(sidecar)})
+
+
+def test_a_sidecar_of_another_model_is_refused(tmp_path, capsys):
+    """Issue 21: qwen4exp-tiny's K=1 sidecar has qwen3moe-tiny's shapes; it used to run there
+    silently (recall 16.8 % against 92.7 %). Now the context is refused, naming both models, with
+    the hashes Python computes (llama.cpp's and learned.model_identity agree)."""
+    qwen = MODELS / "qwen3moe-tiny.gguf"
+    learned = {ENV_MODE: "learned", ENV_AHEAD: "1"}
+    (s_arch, s_hash), (m_arch, m_hash) = model_identity(MODELS / "qwen4exp-tiny.gguf"), model_identity(qwen)
+    err = _refused(qwen, {**learned, ENV_LEARNED: str(MODELS / "qwen4exp-tiny.learned-k1.gguf")}, capsys)
+    assert (
+        f"trained on another model ({s_arch}, router hash {s_hash:016x}; this one is {m_arch}, {m_hash:016x})" in err
+    ), err
+    # the same architecture, another router (a hash one bit off): refused too
+    other = copy_sidecar(
+        MODELS / "qwen3moe-tiny.learned-k1.gguf", tmp_path / "o.gguf", keys={IDENTITY_KEYS[1]: ("u64", m_hash ^ 1)}
+    )
+    err = _refused(qwen, {**learned, ENV_LEARNED: str(other)}, capsys)
+    assert f"router hash {m_hash ^ 1:016x}; this one is qwen3moe, {m_hash:016x})" in err, err
+
+
+def test_a_sidecar_that_names_no_model_is_refused(tmp_path, capsys):
+    """A sidecar trained before the model keys (the committed one without them)."""
+    qwen = MODELS / "qwen3moe-tiny.gguf"
+    bare = copy_sidecar(MODELS / "qwen3moe-tiny.learned-k1.gguf", tmp_path / "bare.gguf", drop=IDENTITY_KEYS)
+    err = _refused(qwen, {ENV_MODE: "learned", ENV_AHEAD: "1", ENV_LEARNED: str(bare)}, capsys)
+    assert "names no model" in err, err
+
+
+@pytest.mark.parametrize("tensor", ["learned.3.weight", "learned.5.bias"])
+def test_a_sidecar_with_a_nan_is_refused(tensor, tmp_path, capsys):
+    """The committed sidecar, its model's own, with one NaN: refused, naming the layer."""
+    qwen = MODELS / "qwen3moe-tiny.gguf"
+    nan = copy_sidecar(MODELS / "qwen3moe-tiny.learned-k1.gguf", tmp_path / "nan.gguf", poison=tensor)
+    err = _refused(qwen, {ENV_MODE: "learned", ENV_AHEAD: "1", ENV_LEARNED: str(nan)}, capsys)
+    layer = tensor.split(".")[1]
+    assert f"layer {layer}: learned.{layer}.weight or learned.{layer}.bias holds a non-finite value" in err, err
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS[:1])

@@ -1,6 +1,6 @@
 """One pin: patches/PIN is the only place that names the llama.cpp tree the series applies to.
 
-build.sh reads it (through onebit_predict/series.py); pyproject.toml must name the same
+build.sh reads it (through tools/series.py); pyproject.toml must name the same
 llama-cpp-python (pip resolves the package from it), and these tests hold it to PIN. No other
 file in the checkout may name another llama-cpp-python version, and the front page (README.md)
 and docs/patches.md name the pin only by pointing at patches/PIN.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from onebit_predict.series import read_pin
+from tools.series import read_pin
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PIN = read_pin(REPO_ROOT / "patches")

@@ -3,9 +3,10 @@ against every `prefetch` case of ctest_port/cases.tsv and its exact warning text
 onebit_prefetch_parse (through cffi) against the same cases, and against the Python policy on
 random and malformed environments: same fields, same warnings.
 
-The C half needs a patched tree whose src/onebit-moe-policy.h declares onebit_prefetch_parse
-(ONEBIT_LLAMA_TREE, or the tree build.sh recorded); with an older tree it is skipped and says
-so. The Python half never skips."""
+The C half needs the patched tree (ONEBIT_LLAMA_TREE, or the tree build.sh recorded; the
+``c_policy`` fixture marks it needs_build), which one pin makes the tree of the series: its
+src/onebit-moe-policy.h declares onebit_prefetch_parse, and a tree that does not fails to build
+the module, never skips. The Python half needs no tree."""
 
 from __future__ import annotations
 
@@ -14,9 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ctest_port.cases import GuardCase, PrefetchCase, RoomCase, read_cases
-from ctest_port.cffi_policy import has_prefetch
 from onebit_predict import constants as k
-from onebit_predict.llama.paths import NotBuiltError, llama_tree
 from onebit_predict.policy import PrefetchEnv, PrefetchPolicy, parse_prefetch
 
 CASES = [c for c in read_cases() if isinstance(c, PrefetchCase)]
@@ -118,26 +117,9 @@ def test_byte_count_grammar(raw: str, expected: int | None) -> None:
 # --- the C policy through cffi -------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def c_prefetch(c_policy):
-    """``(ffi, lib)`` with onebit_prefetch_parse; skipped (the C half only) on a tree that predates it."""
-    ffi, lib = c_policy
-    if not has_prefetch(lib):
-        try:
-            tree = str(llama_tree())
-        except NotBuiltError:
-            tree = "the patched tree"
-        pytest.skip(
-            f"{tree}/src/onebit-moe-policy.h does not declare onebit_prefetch_parse (the tree predates the "
-            "prefetch consumer): re-export the patch series and run ./build.sh, or set ONEBIT_LLAMA_TREE "
-            "to a tree that has it"
-        )
-    return ffi, lib
-
-
-def c_parse_prefetch(c_prefetch, env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, int, str]:
+def c_parse_prefetch(c_policy, env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, int, str]:
     """onebit_prefetch_parse as a PrefetchPolicy, the warning count and the warning buffer."""
-    ffi, lib = c_prefetch
+    ffi, lib = c_policy
     strings = {f: ffi.NULL if v is None else ffi.new("char[]", v.encode()) for f, v in env._asdict().items()}
     out = ffi.new("struct onebit_prefetch_policy *")
     warn = ffi.new("char[]", WARN_CAP)
@@ -149,17 +131,17 @@ def c_parse_prefetch(c_prefetch, env: PrefetchEnv, predict_mode: int) -> tuple[P
     return policy, n_warn, ffi.string(warn).decode()
 
 
-def assert_prefetch_parity(c_prefetch, env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, int]:
+def assert_prefetch_parity(c_policy, env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, int]:
     """The C and Python policies agree on every field and every warning; returns C's answer."""
-    c, c_count, c_text = c_parse_prefetch(c_prefetch, env, predict_mode)
+    c, c_count, c_text = c_parse_prefetch(c_policy, env, predict_mode)
     p, warnings = parse_prefetch(env, predict_mode)
     assert c == p
     assert (c_count, c_text) == (len(warnings), "\n".join(warnings))
     return c, c_count
 
 
-def test_c_constants(c_prefetch) -> None:
-    _, lib = c_prefetch
+def test_c_constants(c_policy) -> None:
+    _, lib = c_policy
     assert (lib.ONEBIT_PREFETCH_OFF, lib.ONEBIT_PREFETCH_ADVISE, lib.ONEBIT_PREFETCH_READ) == (
         k.PREFETCH_OFF,
         k.PREFETCH_ADVISE,
@@ -181,8 +163,8 @@ def test_c_constants(c_prefetch) -> None:
 
 
 @prefetch_cases()
-def test_c_parse_prefetch(c_prefetch, case: PrefetchCase) -> None:
-    p, n_warn = assert_prefetch_parity(c_prefetch, case.env, case.predict_mode)
+def test_c_parse_prefetch(c_policy, case: PrefetchCase) -> None:
+    p, n_warn = assert_prefetch_parity(c_policy, case.env, case.predict_mode)
     assert (p.mode, p.max_bytes, p.n_threads, n_warn) == case[3:]
 
 
@@ -270,18 +252,18 @@ PREDICT_MODES = st.one_of(st.sampled_from([k.MODE_OFF, k.MODE_ROUTER, k.MODE_BLO
 
 @settings(max_examples=2000, deadline=None)
 @given(env=ENVS, predict_mode=PREDICT_MODES)
-def test_prefetch_parity_random(c_prefetch, env: PrefetchEnv, predict_mode: int) -> None:
-    assert_prefetch_parity(c_prefetch, env, predict_mode)
+def test_prefetch_parity_random(c_policy, env: PrefetchEnv, predict_mode: int) -> None:
+    assert_prefetch_parity(c_policy, env, predict_mode)
 
 
 GUARD_CASES = [c for c in read_cases() if isinstance(c, GuardCase)]
 
 
 @pytest.mark.parametrize("case", GUARD_CASES, ids=lambda c: f"line{c.line}")
-def test_guard(c_prefetch, case: GuardCase) -> None:
+def test_guard(c_policy, case: GuardCase) -> None:
     """ONEBIT_MOE_PREFETCH_GUARD: the probe window and its warnings, C and Python alike."""
     env = PrefetchEnv(mode="advise", guard=case.guard)
-    p, n_warn = assert_prefetch_parity(c_prefetch, env, k.MODE_ROUTER)
+    p, n_warn = assert_prefetch_parity(c_policy, env, k.MODE_ROUTER)
     assert (p.guard, n_warn) == (case.window, case.n_warnings)
 
 
@@ -289,8 +271,8 @@ ROOM_CASES = [c for c in read_cases() if isinstance(c, RoomCase)]
 
 
 @pytest.mark.parametrize("case", ROOM_CASES, ids=lambda c: f"line{c.line}")
-def test_room(c_prefetch, case: RoomCase) -> None:
+def test_room(c_policy, case: RoomCase) -> None:
     """ONEBIT_MOE_PREFETCH_ROOM: the room rule's ratio and its warnings, C and Python alike."""
     env = PrefetchEnv(mode="advise", room=case.room)
-    p, n_warn = assert_prefetch_parity(c_prefetch, env, k.MODE_ROUTER)
+    p, n_warn = assert_prefetch_parity(c_policy, env, k.MODE_ROUTER)
     assert (p.room, n_warn) == (case.ratio, case.n_warnings)

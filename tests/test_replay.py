@@ -1,7 +1,7 @@
 """onebit-stats replay: LRU / LFRU / Belady by hand, prefetch charged vs protected, Belady as
 the ceiling (a property), the command's outputs and exit codes, and a real trace.
 
-Rules: onebit_predict/cache/replay.py and docs/cost-model.md ("The cache").
+Rules: onebit_predict/costmodel/replay.py and docs/cost-model.md ("The cache").
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onebit_predict.cache.replay import KIND_DEMAND, KIND_PREFETCH, CacheConfig, replay_layer
-from onebit_predict.cache.routing import load_routing
 from onebit_predict.commands.stats import main as stats_main
 from onebit_predict.commands.trace import main as trace_main
 from onebit_predict.constants import EXIT_OK, EXIT_USAGE, MODE_ROUTER
+from onebit_predict.costmodel.replay import KIND_DEMAND, KIND_PREFETCH, CacheConfig, replay_layer
+from onebit_predict.costmodel.routing import load_routing
 from onebit_predict.metrics.stats import compute_stats
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
@@ -350,26 +350,26 @@ def test_slots_below_n_used_exit_2(capsys, tmp_path, run):
     assert rc == EXIT_USAGE and "n_expert_used (2)" in err
 
 
-def test_a_trace_named_replay_needs_no_dot_slash(hand, tmp_path):
+def test_a_trace_named_replay_is_given_with_a_path(hand, tmp_path):
     (tmp_path / "replay").write_bytes(hand.read_bytes())
-    for name in ("./replay", "replay"):
-        done = subprocess.run(
-            [sys.executable, "-m", "onebit_predict.commands.stats", name, "--json"],
+
+    def stats(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "onebit_predict.commands.stats", *args],
             cwd=tmp_path,
             capture_output=True,
             text=True,
             env={**os.environ, "PYTHONPATH": str(REPO)},
         )
-        assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["traces"][0]["total"]["tokens"] == 10  # the hit-rate form, not the subcommand
-    done = subprocess.run(
-        [sys.executable, "-m", "onebit_predict.commands.stats", "replay", "replay", "--slots", "2"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
-    assert done.returncode == 0 and "lru@2 hit%" in done.stdout
+
+    done = stats("./replay", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["traces"][0]["total"]["tokens"] == 10  # the hit-rate form, not the subcommand
+    done = stats("replay", "--json")  # the subcommand, whatever the directory holds: it lacks its trace
+    assert done.returncode == 2 and done.stderr.startswith("usage: onebit-stats replay") and done.stdout == ""
+    for name in ("./replay", "replay"):
+        done = stats("replay", name, "--slots", "2")
+        assert done.returncode == 0 and "lru@2 hit%" in done.stdout, done.stderr
 
 
 def test_help(capsys, run):

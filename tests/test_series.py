@@ -1,4 +1,4 @@
-"""onebit_predict/series.py: patches/PIN and patches/series, read and linted for build.sh.
+"""tools/series.py: patches/PIN and patches/series, read and linted for build.sh.
 
 Each test writes a small patches/ directory of its own (format-patch files with the header
 docs/patches.md asks for) and runs the module's command line on it: what it prints, on which
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from onebit_predict import series
+from tools import series
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -285,29 +285,28 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str], args: list[str]
     assert err.startswith("error: ") and series.USAGE in err
 
 
-def test_runs_as_a_module_from_the_root_without_third_party_imports(tmp_path: Path) -> None:
-    """build.sh runs it with the system's python3 before .venv exists: stdlib only."""
+def test_runs_as_a_script_with_the_standard_library_alone(tmp_path: Path) -> None:
+    """build.sh runs ``$PYTHON tools/series.py`` with the system's python3 before .venv exists:
+    run here with no site-packages (-S), no environment and no checkout on the path (-I), from
+    another directory, it must still answer."""
     d = make_patches(tmp_path)
-    code = (
-        "import sys\n"
-        "import onebit_predict.series\n"
-        "assert onebit_predict.series.main(['--patches', sys.argv[1], 'pin', 'version']) == 0\n"
-        "ours = sorted(m for m in sys.modules if m.split('.')[0] == 'onebit_predict')\n"
-        "assert ours == ['onebit_predict', 'onebit_predict.series'], ours\n"
-        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'cffi', 'gguf', 'llama_cpp'))\n"
-        "assert not heavy, heavy\n"
-    )
-    p = subprocess.run([sys.executable, "-c", code, str(d)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    assert p.stdout == "1.2.3\n"
-    p = subprocess.run(
-        [sys.executable, "-m", "onebit_predict.series", "--patches", str(d), "lint"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    script = REPO_ROOT / "tools" / "series.py"
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-I", "-S", str(script), "--patches", str(d), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    p = run("pin", "version")
+    assert (p.returncode, p.stdout, p.stderr) == (0, "1.2.3\n", "")
+    p = run("lint")
     assert (p.returncode, p.stdout, p.stderr) == (0, "", "")
+    p = run("files")
+    assert p.returncode == 0 and p.stdout.splitlines() == [str(d / n) for n in (d / "series").read_text().split()]
 
 
 # --- the committed series -----------------------------------------------------------------------

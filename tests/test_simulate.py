@@ -15,13 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onebit_predict.cache.expert_bytes import ModelError, expert_bytes_from_gguf
-from onebit_predict.cache.replay import CacheConfig
-from onebit_predict.cache.routing import load_routing
-from onebit_predict.cache.simulate import PRED_NONE, ComputeModel, Drive, DriveModel, simulate
 from onebit_predict.commands.stats import main as stats_main
 from onebit_predict.commands.trace import main as trace_main
 from onebit_predict.constants import EXIT_OK, EXIT_USAGE, MODE_ROUTER
+from onebit_predict.costmodel.expert_bytes import ModelError, expert_bytes_from_gguf
+from onebit_predict.costmodel.replay import CacheConfig
+from onebit_predict.costmodel.routing import load_routing
+from onebit_predict.costmodel.simulate import PRED_NONE, ComputeModel, Drive, DriveModel, simulate
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
 from onebit_predict.units import parse_bandwidth, parse_size

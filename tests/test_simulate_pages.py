@@ -1,40 +1,32 @@
-"""onebit-stats simulate's page-granular model (cache/pages.py, commands/simulate_pages.py):
-the layout, the LRU and two-list page caches, the kernel's read-around and readahead marker,
-the drive's page-by-page completion, fault counts on a tiny routing, the consumer's advise
-and read, the --measured check's exit codes, and the memory-limited measurement of
+"""onebit-stats simulate's page-granular model (costmodel/layout.py, kernel.py, pages.py, page_settings.py,
+page_check.py; commands/simulate_pages.py): the layout, the LRU and two-list page caches, the
+kernel's read-around and readahead marker, the drive's page-by-page completion, fault counts on a
+tiny routing, the consumer's advise and read, the prefetch issued K layers ahead, the --measured
+check's exit codes and each row's configuration, and the memory-limited measurement of
 docs/results.md replayed on the bundled model's own routing.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from onebit_predict.cache.measured import load_measured
-from onebit_predict.cache.pages import (
-    ExpertLayout,
-    Kernel,
-    PageCache,
-    PageDrive,
-    PageModel,
-    TwoListCache,
-    next_ra_size,
-    prefill_steps,
-    run_config,
-    synthetic_layout,
-)
-from onebit_predict.cache.routing import load_routing
 from onebit_predict.commands.stats import main as stats_main
 from onebit_predict.constants import (
-    ENV_PREFETCH_GUARD,
-    ENV_PREFETCH_ROOM,
     EXIT_CHECK_FAILED,
     EXIT_OK,
     EXIT_USAGE,
     MODE_ROUTER,
 )
+from onebit_predict.costmodel.kernel import Kernel, PageCache, PageDrive, TwoListCache, next_ra_size
+from onebit_predict.costmodel.layout import ExpertLayout, synthetic_layout
+from onebit_predict.costmodel.measured import load_measured
+from onebit_predict.costmodel.pages import PageModel, prefill_steps, run_config
+from onebit_predict.costmodel.routing import load_routing
+from onebit_predict.costmodel.row_config import RowConfig
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
 
@@ -345,36 +337,49 @@ def test_measured_check_passes_within_and_fails_beyond_the_tolerance(capsys, tin
     assert rc == EXIT_OK
 
 
-def test_measured_rows_take_the_room_factor_and_guard_from_their_env(capsys, tiny, tmp_path):
-    """A report with a per-row env (after the room rule): each row plays its own ONEBIT_MOE_PREFETCH_ROOM
-    (absent: 1); a row that ran with the guard is shown, not checked (the model has none)."""
-    path = memory_report(tmp_path / "env.json", {"patched off": 1.0}, limit=20480, process_bytes=0)
+def config_report(path: Path, configs: list[RowConfig], limit: int = 20480, tok_s: float = 75.0) -> Path:
+    """A memory report whose rows carry their configuration as onebit-bench writes it: ``config``
+    (the fields) and ``env`` (its ONEBIT_* variables), named after it."""
+    path = memory_report(path, {"patched off": 1.0}, limit=limit, process_bytes=0)
     data = json.loads(path.read_text())
-    envs = {
-        "patched off": {},
-        "router + advise": {"ONEBIT_MOE_PREDICT": "router", "ONEBIT_MOE_PREFETCH": "advise"},
-        "router + advise, room 0": {"ONEBIT_MOE_PREFETCH": "advise", ENV_PREFETCH_ROOM: "0"},
-        "router + advise, guard 4": {"ONEBIT_MOE_PREFETCH": "advise", ENV_PREFETCH_ROOM: "0", ENV_PREFETCH_GUARD: "4"},
-    }
-    data["rows"] = [{"limit_bytes": 20480, "name": n, "median_tok_s": 75.0, "env": e} for n, e in envs.items()]
+    data["rows"] = [
+        {"limit_bytes": limit, "name": c.name, "median_tok_s": tok_s, "env": c.env(), "config": c.fields()}
+        for c in configs
+    ]
     path.write_text(json.dumps(data))
+    return path
+
+
+ADVISE = RowConfig("router", "advise")
+ROWS = [RowConfig(), ADVISE, replace(ADVISE, room=0.0), replace(ADVISE, room=0.0, guard=4)]
+
+
+def test_measured_rows_take_the_room_factor_and_guard_from_their_configuration(capsys, tiny, tmp_path):
+    """A report whose rows carry their configuration (since the room rule): each row plays its own
+    ONEBIT_MOE_PREFETCH_ROOM (absent: 1); a row that ran with the guard is shown, not checked (the
+    model has none)."""
+    path = config_report(tmp_path / "cfg.json", ROWS)
     args = ["--expert-bytes", "12288", "--layer-ms", "0", "--readahead-kb", "0", "--tolerance", "50"]
     rc, out, err = run_cli(capsys, tiny, *args, "--measured", path, "--json")
     assert rc == EXIT_OK, err
     rows = {r["configuration"]: r for r in json.loads(out)["rows"]}
-    assert rows["router + advise"]["prefetch_room"] == 1.0 and rows["router + advise"]["room_held"]
-    assert rows["router + advise, room 0"]["prefetch_room"] == 0.0 and not rows["router + advise, room 0"]["room_held"]
-    assert rows["router + advise"]["read_mib_per_token"] != rows["router + advise, room 0"]["read_mib_per_token"]
-    assert rows["router + advise"]["checked"] and rows["router + advise, room 0"]["checked"]
-    assert rows["router + advise, guard 4"]["prefetch_guard"] == 4 and not rows["router + advise, guard 4"]["checked"]
+    advise, room0, guard4 = "router + advise", "router + advise, room 0", "router + advise, guard 4, room 0"
+    assert set(rows) == {"patched off", advise, room0, guard4}
+    assert rows[advise]["prefetch_room"] == 1.0 and rows[advise]["room_held"]
+    assert rows[advise]["prefetch_room_source"] == "default" and rows[room0]["prefetch_room_source"] == "env"
+    assert rows[room0]["prefetch_room"] == 0.0 and not rows[room0]["room_held"]
+    assert rows[advise]["read_mib_per_token"] != rows[room0]["read_mib_per_token"]
+    assert rows[advise]["checked"] and rows[room0]["checked"]
+    assert rows[guard4]["prefetch_guard"] == 4 and not rows[guard4]["checked"]
     rc, out, _ = run_cli(capsys, tiny, *args, "--measured", path)
     assert rc == EXIT_OK
-    line = {n: next(x for x in out.splitlines() if f" {n} " in f" {x} ") for n in envs}
-    assert line["router + advise"].endswith("held (R 1)") and line["router + advise, room 0"].endswith("no rule")
-    assert line["patched off"].endswith(" -") and " - " in line["router + advise, guard 4"]  # shown, unchecked
-    # the same rows without env (a report from before the rule): no rule, every advise row checked
+    line = {n: next(x for x in out.splitlines() if f" {n} " in f" {x} ") for n in rows}
+    assert line[advise].endswith("held (R 1)") and line[room0].endswith("no rule")
+    assert line["patched off"].endswith(" -") and " - " in line[guard4]  # shown, unchecked
+    # the same rows named only (a report from before the rule): no rule, every advise row checked
+    data = json.loads(path.read_text())
     for r in data["rows"]:
-        del r["env"]
+        del r["env"], r["config"]
     path.write_text(json.dumps(data))
     rc, out, err = run_cli(capsys, tiny, *args, "--measured", path, "--json")
     assert rc == EXIT_OK, err
@@ -383,38 +388,68 @@ def test_measured_rows_take_the_room_factor_and_guard_from_their_env(capsys, tin
     assert all(not r["room_held"] and r["checked"] for r in got["rows"])
 
 
+def test_measured_rows_with_env_and_no_configuration_are_read_by_name(capsys, tiny, tmp_path):
+    """A report written between the room rule and the config objects (docs/measured/memory-room-*):
+    its rows' names say their configuration, and their env must agree (a warning where it does not)."""
+    path = config_report(tmp_path / "env.json", ROWS)
+    data = json.loads(path.read_text())
+    for r in data["rows"]:
+        del r["config"]
+    path.write_text(json.dumps(data))
+    m = load_measured(path)
+    assert m.knobs_recorded and [r.config for r in m.rows] == ROWS
+    args = ["--expert-bytes", "12288", "--layer-ms", "0", "--readahead-kb", "0", "--tolerance", "50", "--json"]
+    rc, out, err = run_cli(capsys, tiny, *args, "--measured", path)
+    assert rc == EXIT_OK and "WARNING" not in err, err
+    rows = {r["configuration"]: r for r in json.loads(out)["rows"]}
+    assert rows["router + advise"]["room_held"] and not rows["router + advise, room 0"]["room_held"]
+    data["rows"][1]["env"]["ONEBIT_MOE_PREFETCH_ROOM"] = "0"  # not what its name says
+    path.write_text(json.dumps(data))
+    rc, out, err = run_cli(capsys, tiny, *args, "--measured", path)
+    assert rc == EXIT_OK and "is not the configuration its name says; played as named" in err
+    assert next(r for r in json.loads(out)["rows"] if r["configuration"] == "router + advise")["room_held"]
+
+
 @pytest.mark.parametrize(
-    "env, room, guard, message",
+    "config, room, guard, message",
     [
-        ({ENV_PREFETCH_ROOM: "-1"}, 1.0, 0, "is not a finite non-negative number; using 1"),
-        ({ENV_PREFETCH_ROOM: "lots"}, 1.0, 0, "is not a finite non-negative number; using 1"),
-        ({ENV_PREFETCH_ROOM: "100"}, 64.0, 0, "exceeds 64; clamped to 64"),
-        ({ENV_PREFETCH_GUARD: "x"}, 1.0, 0, "is not a non-negative integer; using 0"),
-        ({ENV_PREFETCH_ROOM: " 0.5 ", ENV_PREFETCH_GUARD: "4"}, 0.5, 4, None),
+        (replace(ADVISE, room=100.0), 64.0, 0, "exceeds 64; clamped to 64"),
+        (replace(ADVISE, guard=100), 1.0, 64, "exceeds 64; clamped to 64"),
+        (replace(ADVISE, room=0.5, guard=4), 0.5, 4, None),
+        (ADVISE, 1.0, 0, None),
     ],
 )
-def test_measured_env_is_read_as_the_consumer_reads_it(capsys, tiny, tmp_path, env, room, guard, message):
-    """A bad knob in a row's env: the consumer ran with its default (and warned); so does the model."""
-    path = memory_report(tmp_path / "env.json", {"router + advise": 75.0}, process_bytes=0)
-    data = json.loads(path.read_text())
-    data["rows"][0]["env"] = env
-    path.write_text(json.dumps(data))
+def test_measured_knobs_are_read_as_the_consumer_reads_them(capsys, tiny, tmp_path, config, room, guard, message):
+    """A knob out of the consumer's range: the consumer ran with it clamped (and warned); so does the model."""
+    path = config_report(tmp_path / "cfg.json", [config], limit=65536)
     args = ["--expert-bytes", "12288", "--layer-ms", "0", "--readahead-kb", "0", "--json"]
     rc, out, err = run_cli(capsys, tiny, *args, "--measured", path)
     assert rc != EXIT_USAGE, err
     (row,) = json.loads(out)["rows"]
     assert (row["prefetch_room"], row["prefetch_guard"], row["checked"]) == (room, guard, guard == 0)
-    assert (message is None and "router + advise: ONEBIT" not in err) or (message is not None and message in err)
+    assert (message is None and "ONEBIT" not in err) or (message is not None and message in err)
 
 
-def test_measured_env_not_an_object_exits_2(capsys, tiny, tmp_path):
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("env", ["ONEBIT_MOE_PREFETCH_ROOM=1"], "env is not an object"),
+        ("config", "router + advise", "config is not an object"),
+        ("config", {"predictor": "router", "consumer": "advise", "room": -1}, "room -1 is not float >= 0"),
+        ("config", {"predictor": "router", "consumer": "advise", "guard": "x"}, "guard 'x' is not int"),
+        ("config", {"predictor": None, "consumer": "advise"}, "needs a predictor"),
+        ("config", {"predictor": "router", "threads": 2}, "unknown fields ['threads']"),
+        ("config", {"predictor": "router", "drive": "nvme0"}, "drive 'nvme0' is not one of native, nvme, sata"),
+    ],
+)
+def test_measured_row_knobs_not_a_configuration_exit_2(capsys, tiny, tmp_path, field, value, message):
     path = memory_report(tmp_path / "env.json", {"router + advise": 1.0}, process_bytes=0)
     data = json.loads(path.read_text())
-    data["rows"][0]["env"] = ["ONEBIT_MOE_PREFETCH_ROOM=1"]
+    data["rows"][0][field] = value
     path.write_text(json.dumps(data))
     rc, out, err = run_cli(capsys, tiny, "--expert-bytes", "12288", "--layer-ms", "0", "--measured", path)
     assert rc == EXIT_USAGE and out == ""
-    assert "env is not an object" in err
+    assert message in err
 
 
 def test_measured_json_says_where_each_constant_came_from(capsys, tiny, tmp_path):
@@ -440,8 +475,8 @@ def test_measured_report_reader(tmp_path):
     m = load_measured(path)
     assert m.kind == "memory" and m.limits == [65536] and m.warm_tok_s == 50.0
     assert m.bandwidth == pytest.approx(2e6) and m.latency_us == 10.0  # the samples' medians
-    assert m.rows[1].parts == ("block", "advise", 16, True)
-    assert m.rows[0].parts == (None, "off", None, False)
+    assert m.rows[1].config == RowConfig("block", "advise", depth=16, guard=0)  # read from the name
+    assert m.rows[0].config == RowConfig() and not m.knobs_recorded
 
 
 @pytest.mark.parametrize(
@@ -478,45 +513,47 @@ def test_prefill_steps_are_the_union_of_the_prefill_rows(tiny):
 # --- the memory-limited measurement of docs/results.md, on the bundled model's own routing --------
 
 # onebit-bench <qwen3moe-tiny grown to 2.7 MiB Q4_K_M experts> --no-extra-bufts --memory-limit 50%,25%
-# --rounds 2 --prompt 16 --generate 16 --text-file models/heldout.txt (docs/results.md, 2026-11-30):
-# limit MiB, configuration, tok/s median, min, max, MiB read/token, major faults/token
-RESULTS_MD = """\
-174 | patched off | 2.36 | 2.35 | 2.37 | 338.90 | 42.5
-174 | router | 2.44 | 2.19 | 2.69 | 350.21 | 49.3
-174 | router + advise | 3.01 | 2.89 | 3.13 | 296.00 | 35.4
-174 | router + read | 2.85 | 2.72 | 2.99 | 342.70 | 39.2
-174 | block | 2.15 | 1.99 | 2.31 | 338.58 | 37.4
-174 | block + advise | 2.78 | 2.64 | 2.93 | 292.18 | 26.7
-174 | block + read | 2.53 | 2.52 | 2.54 | 341.89 | 33.2
-87 | patched off | 1.56 | 1.44 | 1.68 | 530.62 | 61.3
-87 | router | 1.34 | 1.23 | 1.45 | 603.53 | 73.6
-87 | router + advise | 1.20 | 1.14 | 1.26 | 676.93 | 75.7
-87 | router + read | 0.67 | 0.64 | 0.70 | 1204.57 | 136.8
-87 | block | 1.12 | 1.08 | 1.15 | 714.20 | 74.5
-87 | block + advise | 1.04 | 1.03 | 1.04 | 762.07 | 74.7
-87 | block + read | 0.70 | 0.69 | 0.71 | 1238.92 | 127.3"""
+# --rounds 2 --prompt 16 --generate 16 --text-file models/heldout.txt (docs/results.md, 2026-11-30): no
+# report was kept of that run, so its table is read from the docs, where it is written once
+FIRST_MEASUREMENT = "### The first memory-limit measurement (16 tokens)"  # its heading in docs/results.md
+
+
+def results_md_rows() -> list[dict[str, str]]:
+    """The table under FIRST_MEASUREMENT in docs/results.md, one {column: cell} per row."""
+    lines = (REPO / "docs" / "results.md").read_text().splitlines()
+    start = lines.index(FIRST_MEASUREMENT)
+    head = next(i for i in range(start, len(lines)) if lines[i].startswith("|"))
+    columns = [c.strip() for c in lines[head].strip().strip("|").split("|")]
+    rows = []
+    for line in lines[head + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(columns, (c.strip() for c in line.strip().strip("|").split("|")))))
+    return rows
+
+
 GROWN_EXPERT_BYTES = 364019712  # 347 MiB: 8 layers x 16 experts of 2.71 MiB
 
 
 def results_md_report(path: Path) -> Path:
-    """The table of docs/results.md as onebit-bench --memory-limit --json writes it (its drive:
-    610 MB/s measured in that run; the latency, not in the table, 34 us from the same day's
-    measurement in docs/results.md, 'The consumer's op on the compute path')."""
+    """The table of docs/results.md (FIRST_MEASUREMENT) as onebit-bench --memory-limit --json writes
+    it (its drive: 610 MB/s measured in that run; the latency, not in the table, 34 us from the same
+    day's measurement in docs/results.md, 'The consumer's op on the compute path')."""
     limits = {"174": GROWN_EXPERT_BYTES // 2, "87": GROWN_EXPERT_BYTES // 4}
     rows = []
-    for line in RESULTS_MD.splitlines():
-        lim, name, tok, lo, hi, mib, faults = (x.strip() for x in line.split("|"))
+    for cell in results_md_rows():
         rows.append(
             {
-                "limit_bytes": limits[lim],
-                "name": name,
-                "median_tok_s": float(tok),
-                "min_tok_s": float(lo),
-                "max_tok_s": float(hi),
-                "read_mib_per_token": float(mib),
-                "major_faults_per_token": float(faults),
+                "limit_bytes": limits[cell["limit MiB"]],
+                "name": cell["configuration"],
+                "median_tok_s": float(cell["decode tok/s (median)"]),
+                "min_tok_s": float(cell["min"]),
+                "max_tok_s": float(cell["max"]),
+                "read_mib_per_token": float(cell["MiB read/token"]),
+                "major_faults_per_token": float(cell["major faults/token"]),
             }
         )
+    assert len(rows) == 14, f"{FIRST_MEASUREMENT!r} in docs/results.md: {len(rows)} rows, not 14"
     off = {r["limit_bytes"]: r["median_tok_s"] for r in rows if r["name"] == "patched off"}
     for r in rows:
         r["ratio_to_off"] = r["median_tok_s"] / off[r["limit_bytes"]]
@@ -568,3 +605,48 @@ def test_results_md_memory_rows(capsys, tmp_path, mode):
     # the drive bound: no model reading these bytes at 610 MB/s reaches the measured 2.36 tok/s
     assert half_off["tok_s"] * half_off["read_mib_per_token"] * 2**20 <= 610e6
     assert half_off["measured_tok_s"] * half_off["measured_read_mib_per_token"] * 2**20 > 800e6
+
+
+# --- the lookahead K of the trace's header ---------------------------------------------------------
+
+
+def ahead_trace(path: Path, ahead: int) -> Path:
+    """3 layers, 4 experts, top-1: layers 0 and 1 always use expert 0, layer 2 a new one each token,
+    predicted right from layer 2 - ahead (the header's ``ahead``, each record's distance)."""
+    h = TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=1, depth=1, mode=MODE_ROUTER, layers={2}, ahead=ahead)
+    with TraceWriter(path, h) as w:
+        for pos in range(4):
+            for layer in range(3):
+                actual = [pos if layer == 2 else 0]
+                pred = actual if layer == 2 and pos > 0 else None
+                decode = pos > 0
+                w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=actual, pred=pred, decode=decode, distance=ahead)
+    return path
+
+
+def test_prefetch_is_issued_k_layers_ahead(tmp_path):
+    """The consumer hands layer l+K's prediction to its workers at layer l (K: the trace's ahead):
+    a new expert of 3 pages takes 4 ms (1 ms latency, a page a ms), a layer 2 ms routed at its
+    middle. One layer ahead the read has 2 ms and layer 2 waits; two layers ahead it has 4 ms and
+    nothing waits, and the op (and the predictor's cost) run on layer 0."""
+    lay = synthetic_layout({layer: 3 * P for layer in range(3)}, n_expert=4)
+    runs = {}
+    for k in (1, 2):
+        trace = Trace.open(ahead_trace(tmp_path / f"k{k}.bin", k))
+        model = tiny_model(layer_ms=2.0, route_at=0.5, op_ms=0.25)
+        runs[k] = run_config(load_routing(trace), lay, model, "router", "advise", f"k{k}", trace)
+        off = run_config(load_routing(trace), lay, model, "router", "off", "off", trace)
+        assert runs[k].counts.major_faults == 0 and off.counts.major_faults == 9  # every expert of layer 2 prefetched
+    assert runs[1].stall_ms > 0 and runs[2].stall_ms == 0
+    assert runs[2].total_ms < runs[1].total_ms
+
+
+def test_a_report_row_plays_on_a_trace_of_its_lookahead(capsys, tmp_path):
+    """A row that ran K layers ahead is a configuration of a trace predicted K layers ahead only."""
+    path = config_report(tmp_path / "k.json", [RowConfig(), RowConfig("router", "advise", ahead=2)], limit=65536)
+    args = ["--expert-bytes", "12288", "--layer-ms", "0", "--readahead-kb", "0", "--tolerance", "999", "--json"]
+    for k, played in ((1, ["patched off"]), (2, ["patched off", "router + advise, ahead 2"])):
+        rc, out, err = run_cli(capsys, ahead_trace(tmp_path / f"k{k}.bin", k), *args, "--measured", path)
+        assert rc == EXIT_OK, err
+        assert [r["configuration"] for r in json.loads(out)["rows"]] == played
+        assert ("not simulated (not a configuration of this trace): router + advise, ahead 2" in err) == (k == 1)

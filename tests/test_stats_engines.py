@@ -10,15 +10,14 @@ order, experts beyond the kernel's lookup tables, and every chunk size.
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from onebit_predict import synth
 from onebit_predict.constants import (
     MODE_BLOCK,
     MODE_OFF,
@@ -281,15 +280,9 @@ def test_random_traces_beyond_the_lookup_tables(tmp_path, seed):
         both(trace, chunk)
 
 
-def test_benchmark_trace(tmp_path, monkeypatch):
-    # the shape of a real run (tools/bench_stats.py): 4 slots, restarts, the last layer's output rows
-    tool = Path(__file__).resolve().parent.parent / "tools" / "bench_stats.py"
-    spec = importlib.util.spec_from_file_location("bench_stats_engines", tool)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
-    monkeypatch.setattr(bench, "GENERATE", (3, 40))
-    bench.write_trace(tmp_path / "t", 4 << 20, seed=5)
+def test_benchmark_trace(tmp_path):
+    # the shape of a real run (onebit_predict/synth.py): 4 slots, restarts, the last layer's output rows
+    synth.write_trace(tmp_path / "t", 4 << 20, seed=5, schedule=synth.Schedule(generate=(3, 40)))
     trace = Trace.open(tmp_path / "t")
     for chunk in (1000, TRACE_CHUNK_RECORDS):
         st = both(trace, chunk)

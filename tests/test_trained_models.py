@@ -9,13 +9,13 @@ The models are byte-level: token id = byte value, 256 = end of file; see models/
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from onebit_predict.grow.verify import heldout_sequences, llama_logits
 from onebit_predict.llama.paths import build_info
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -36,11 +36,10 @@ NMSE_MAX = 1e-4
 
 
 def _train_tiny():
-    """tools/train_tiny.py as a module (it imports torch only inside the functions that need it)."""
-    spec = importlib.util.spec_from_file_location("train_tiny", REPO_ROOT / "tools" / "train_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """tools/train_tiny.py, the recipe (it imports torch only inside the functions that need it)."""
+    from tools import train_tiny
+
+    return train_tiny
 
 
 def _readme_sha256(gguf_name: str) -> str:
@@ -58,7 +57,7 @@ def patched_llama():
 
 @pytest.fixture(scope="module")
 def heldout_seqs():
-    return _train_tiny().heldout_sequences(HELDOUT)
+    return heldout_sequences(HELDOUT)
 
 
 def test_heldout_snippet_shape(heldout_seqs):
@@ -81,7 +80,7 @@ def test_committed_model_loads_and_predicts(name, patched_llama, heldout_seqs):
         assert model.n_vocab == N_VOCAB
         assert model.n_layer == n_layer
 
-    logits = _train_tiny().llama_logits(path, heldout_seqs)
+    logits = llama_logits(path, heldout_seqs)
     assert logits.shape == (len(heldout_seqs), 256, N_VOCAB)
     assert np.isfinite(logits).all()
     targets = np.array(heldout_seqs)[:, 1:]

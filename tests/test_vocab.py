@@ -1,4 +1,4 @@
-"""The bundled models' tokenizer (onebit_predict.models.vocab, models/README.md "Token ids: bytes").
+"""The bundled models' tokenizer (onebit_predict.grow.vocab, models/README.md "Token ids: bytes").
 
 The committed GGUFs carry an RWKV vocabulary whose token ``i`` is byte ``i`` and id 256 the
 end-of-file control token. What is proven here:
@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from onebit_predict.commands.vocab import main as vocab_main
-from onebit_predict.models import vocab
+from onebit_predict.grow import vocab
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODELS_DIR = REPO_ROOT / "models"

@@ -36,11 +36,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from onebit_predict.atomic import atomic_write_text  # noqa: E402
 from onebit_predict.checks.rounds import BenchOptions, Config, collect  # noqa: E402
 from onebit_predict.constants import ENV_AHEAD, ENV_DEPTH, ENV_LEARNED, ENV_MODE  # noqa: E402
+from onebit_predict.grow.gguf_keys import arch_value  # noqa: E402
 from onebit_predict.llama.paths import build_info  # noqa: E402
 from onebit_predict.metrics.stats import compute_stats  # noqa: E402
-from onebit_predict.models.gguf_keys import arch_value  # noqa: E402
 from onebit_predict.trace import Trace  # noqa: E402
 
 MODELS = ("qwen3moe-tiny", "qwen4exp-tiny", "olmoe-tiny")
@@ -166,7 +167,7 @@ def main() -> int:
                     print(f"{model} {p} L+{k}: {rows[-1]}", file=sys.stderr)
     print(table(rows))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
+        atomic_write_text(args.json, json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     return 0
 
 

@@ -4,7 +4,7 @@
 What it measures (issue 5, "Performance"): the wall time and the peak memory of
 
 (a) ``python -m onebit_predict.commands.stats TRACE --json > /dev/null`` -- the real command, and
-(b) a plain numpy pass over the same file: ``np.memmap`` of the record dtype, iterated in
+(b) a plain numpy pass over the same file: the records' ``np.memmap`` (``Trace.open``), iterated in
     the chunk size onebit-stats uses (``TRACE_CHUNK_RECORDS``), summing every field the
     stats touch (step, seq_id, pos, layer, n_read, flags, actual ids and weights, predicted
     ids and logits). That is what "reading the file at all" costs in numpy.
@@ -48,19 +48,10 @@ How:
   file after it was written (or, with ``--keep``, after a warm-up read of the whole file),
   so both read from the page cache: the numbers are CPU and memory costs, not disk speed.
 
-The synthetic trace follows docs/trace-format.md: a header like a Qwen3-30B-A3B-sized run
-(n_layer 48, n_expert 128, n_expert_used 8, depth 16, mode router, no margin gate,
-min_read 8, layers 1..47 predicted), then whole ubatches ("steps") of a llama-server-like
-schedule: 4 sequence slots (seq ids 0..3, reused when a sequence ends and a new prompt
-starts at pos 0), each prompt prefilled in one ubatch together with the other slots' decode
-rows, every MoE layer layer-major per step, the last layer only for output rows (decode
-rows and each prompt's last row). DECODE on decode rows; PREDICTED on layers >= 1; actual
-ids distinct per row (a window of 8 in a per-layer permutation of the 128 experts, drifting
-from token to token so the previous-token baseline is ~40%); predicted ids distinct, near
-the actual window (most rows hit most experts), logits strictly descending; n_read is the
-margin gate recomputed from the logits (no gate: depth). Written in chunks with a seeded
-numpy RNG (``--seed``), never holding more than one chunk (~14 MiB) of records; the same
-seed and size give the same bytes. The file holds whole steps and is at most ``--size-mib``.
+The synthetic trace is ``onebit_predict.synth``'s (a llama-server-like run of a
+Qwen3-30B-A3B-sized model, written in bounded memory; ``--seed`` seeds it, the same seed and
+size give the same bytes); the file holds whole steps and is at most ``--size-mib``. This
+script is the harness only: the trace, the measured commands, the report.
 
     python tools/bench_stats.py                        # 1 GiB, 3 rounds, temp dir, deleted after
     python tools/bench_stats.py --size-mib 64 --rounds 5 --json
@@ -83,232 +74,32 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from onebit_predict.constants import (
-    EXIT_CHECK_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    MODE_ROUTER,
-    TRACE_CHUNK_RECORDS,
-    TRACE_FLAG_DECODE,
-    TRACE_FLAG_PREDICTED,
-    TRACE_HEADER_SIZE,
-)
+from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, TRACE_CHUNK_RECORDS, TRACE_HEADER_SIZE
 from onebit_predict.metrics.stats_kernel import StatsKernelError, load_kernel
-from onebit_predict.policy import n_read_rows
+from onebit_predict.synth import expected_size, plan, synth_header, write_trace
 from onebit_predict.trace import TraceHeader
 
 MIB = 1 << 20
 GOAL_RATIO = 3.0
 GOAL_PEAK_MIB = 512.0
-
-# --- the synthetic trace -----------------------------------------------------------------
-
-N_LAYER, N_EXPERT, N_USED, DEPTH = 48, 128, 8, 16
-MARGIN = math.inf  # no gate: n_read = depth on every predicted row
-N_SLOTS = 4  # sequences decoding concurrently (llama-server slots; seq_id = slot)
-PROMPT = (16, 129)  # prompt length range [lo, hi); lo >= 2, or a 1-token prompt row would be DECODE
-GENERATE = (200, 2001)  # tokens generated per sequence [lo, hi)
-DRIFT = 10  # the actual window moves by -DRIFT..DRIFT from one token to the next (per layer)
-PRED_OFFSETS = np.array([0, 1, 2, 3, 4, 5, 6, 7, -1, 8, -2, 9, -3, 10, -4, 11])  # rank -> window slot
-PRED_SHIFT = np.arange(-8, 9)  # how far the predicted window sits from the actual one
-PRED_SHIFT_P = np.exp(-np.abs(PRED_SHIFT) / 2.0) / np.exp(-np.abs(PRED_SHIFT) / 2.0).sum()
-PRED_MISS = 0.03  # rows whose prediction is somewhere else entirely
 MIN_STEPS = 10  # the smallest trace: the first ubatch (4 prompts) alone is ~3 MiB
-WRITE_CHUNK = 1 << 16  # records generated and written at once (~14 MiB)
-assert len(PRED_OFFSETS) == DEPTH and len(set(PRED_OFFSETS.tolist())) == DEPTH
-
-
-def synth_header(seed: int) -> TraceHeader:
-    return TraceHeader.build(
-        n_layer=N_LAYER,
-        n_expert=N_EXPERT,
-        n_expert_used=N_USED,
-        depth=DEPTH,
-        mode=MODE_ROUTER,
-        margin=MARGIN,
-        arch="qwen3moe",
-        model=f"onebit bench_stats synthetic trace (seed {seed})",
-    )
-
-
-@dataclass
-class Step:
-    """One ubatch: its rows in ubatch order."""
-
-    seq_id: np.ndarray  # i4 per row
-    pos: np.ndarray  # i4 per row
-    decode: np.ndarray  # bool per row: the row's sequence has exactly one token in the ubatch
-    output: np.ndarray  # bool per row: the row produces logits (has a record on the last layer)
-    prompt_slots: list[int] = field(default_factory=list)  # slots starting a new prompt here
-
-    @property
-    def n_records(self) -> int:
-        return len(self.pos) * (N_LAYER - 1) + int(self.output.sum())
-
-
-def iter_steps(seed: int) -> Iterator[Step]:
-    """The schedule (no content): endless ubatches of N_SLOTS sequences, like llama-server.
-
-    A slot prefills its prompt in one ubatch (rows pos 0..P-1, not DECODE, only the last one
-    an output), then decodes one token per ubatch (DECODE, output) for a random length, then
-    starts a new prompt under the same seq_id. Decode rows come first in slot order, then
-    the prompts, so row order is not sequence order.
-    """
-    rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[0])
-    pos = [0] * N_SLOTS
-    left = [0] * N_SLOTS  # decode tokens still to generate; 0: the slot starts a new prompt
-    while True:
-        seq, p, dec, out = [], [], [], []
-        prompts = [s for s in range(N_SLOTS) if left[s] == 0]  # a sequence is never in both lists
-        for s in range(N_SLOTS):
-            if left[s] > 0:
-                seq.append(s), p.append(pos[s]), dec.append(True), out.append(True)
-                pos[s] += 1
-                left[s] -= 1
-        for s in prompts:
-            n = int(rng.integers(*PROMPT))
-            seq += [s] * n
-            p += range(n)
-            dec += [False] * n
-            out += [False] * (n - 1) + [True]
-            pos[s], left[s] = n, int(rng.integers(*GENERATE))
-        yield Step(np.array(seq, np.int32), np.array(p, np.int32), np.array(dec), np.array(out), prompts)
-
-
-def plan(size_bytes: int, seed: int) -> tuple[int, int]:
-    """(steps, records) of the trace: whole steps while the file stays within ``size_bytes``."""
-    budget = (size_bytes - TRACE_HEADER_SIZE) // (20 + 8 * N_USED + 8 * DEPTH)
-    steps = records = 0
-    for st in iter_steps(seed):
-        if records + st.n_records > budget:
-            return steps, records
-        steps, records = steps + 1, records + st.n_records
-
-
-def expected_size(size_bytes: int, seed: int) -> int:
-    return TRACE_HEADER_SIZE + plan(size_bytes, seed)[1] * synth_header(seed).record_size
-
-
-class _Content:
-    """The record contents, from a second RNG stream: per-layer expert permutations and, per
-    (slot, layer), the offset of the actual window, drifting from token to token."""
-
-    def __init__(self, seed: int, header: TraceHeader) -> None:
-        self.h = header
-        self.rng = np.random.default_rng(np.random.SeedSequence(seed).spawn(2)[1])
-        self.perm = np.stack([self.rng.permutation(N_EXPERT) for _ in range(N_LAYER)]).astype(np.int32)
-        self.offset = np.zeros((N_SLOTS, N_LAYER), np.int64)
-        self.predicted = np.zeros(N_LAYER, bool)
-        self.predicted[sorted(header.layer_mask)] = True
-
-    def step_meta(self, step_no: int, st: Step) -> dict[str, np.ndarray]:
-        """Per record of one step, layer-major: seq_id, pos, layer, decode, window offset."""
-        rng = self.rng
-        win = np.empty((len(st.pos), N_LAYER), np.int64)  # window offset of each (row, layer)
-        for s in range(N_SLOTS):
-            rows = np.flatnonzero(st.seq_id == s)
-            if not len(rows):
-                continue
-            drift = rng.integers(-DRIFT, DRIFT + 1, size=(len(rows), N_LAYER))
-            if s in st.prompt_slots:  # a new sequence: a fresh start, then drift along the prompt
-                drift[0] = rng.integers(0, N_EXPERT, size=N_LAYER) - self.offset[s]
-            win[rows] = self.offset[s] + np.cumsum(drift, axis=0)
-            self.offset[s] = win[rows[-1]] % N_EXPERT
-        n_rows = len(st.pos)
-        layer = np.repeat(np.arange(N_LAYER, dtype=np.int64), n_rows)
-        row = np.tile(np.arange(n_rows), N_LAYER)
-        keep = (layer < N_LAYER - 1) | st.output[row]
-        layer, row = layer[keep], row[keep]
-        return {
-            "step": np.full(len(row), step_no, np.int64),
-            "seq_id": st.seq_id[row],
-            "pos": st.pos[row],
-            "layer": layer,
-            "decode": st.decode[row],
-            "win": win[row, layer] % N_EXPERT,
-        }
-
-    def records(self, meta: dict[str, np.ndarray]) -> np.ndarray:
-        """The records of ``meta`` (concatenated step_meta), in the header's dtype."""
-        h, rng = self.h, self.rng
-        n, layer, win = len(meta["layer"]), meta["layer"], meta["win"]
-        rec = np.zeros(n, dtype=h.dtype)
-        for name in ("step", "seq_id", "pos", "layer"):
-            rec[name] = meta[name]
-        # actual: the window of N_USED slots at `win` in the layer's permutation, rotated (graph order)
-        rot = rng.integers(0, N_USED, size=n)
-        slots = (win[:, None] + (np.arange(N_USED)[None, :] + rot[:, None]) % N_USED) % N_EXPERT
-        rec["actual_ids"] = self.perm[layer[:, None], slots]
-        w = -np.sort(-rng.exponential(size=(n, N_USED)), axis=1)  # descending, normalised
-        rec["actual_w"] = w / w.sum(axis=1, keepdims=True)
-        # prediction: DEPTH distinct slots around a window shifted from the actual one
-        pred = self.predicted[layer]
-        m = int(pred.sum())
-        shift = rng.choice(PRED_SHIFT, size=m, p=PRED_SHIFT_P) + np.where(rng.random(m) < PRED_MISS, N_EXPERT // 2, 0)
-        pslots = (win[pred][:, None] + shift[:, None] + PRED_OFFSETS[None, :]) % N_EXPERT
-        gaps = 0.01 + rng.exponential(0.25, size=(m, DEPTH - 1))  # >= 0.01: strictly descending in binary32
-        logits = rng.normal(2.0, 1.0, size=(m, 1)) - np.concatenate([np.zeros((m, 1)), np.cumsum(gaps, axis=1)], axis=1)
-        logits = logits.astype(np.float32)
-        assert (np.diff(logits, axis=1) < 0).all()
-        rec["pred_ids"] = -1
-        rec["pred_logits"] = np.nan
-        rec["pred_ids"][pred] = self.perm[layer[pred][:, None], pslots]
-        rec["pred_logits"][pred] = logits
-        rec["n_read"][pred] = n_read_rows(logits, h.margin, h.min_read)
-        rec["flags"] = np.where(meta["decode"], TRACE_FLAG_DECODE, 0) | np.where(pred, TRACE_FLAG_PREDICTED, 0)
-        rec["distance"] = np.where(pred, 1, 0)  # every prediction one layer ahead
-        return rec
-
-
-def write_trace(path: str | Path, size_bytes: int, seed: int = 0) -> tuple[int, int]:
-    """Write the synthetic trace (at most ``size_bytes``) in chunks; return (steps, records)."""
-    header = synth_header(seed)
-    n_steps, n_records = plan(size_bytes, seed)
-    content = _Content(seed, header)
-    pending: list[dict[str, np.ndarray]] = []
-    n_pending = written = 0
-
-    def flush(f) -> int:
-        meta = {k: np.concatenate([m[k] for m in pending]) for k in pending[0]}
-        pending.clear()
-        content.records(meta).tofile(f)
-        return len(meta["layer"])
-
-    with Path(path).open("wb") as f:
-        f.write(header.to_bytes())
-        for step_no, st in zip(range(n_steps), iter_steps(seed)):
-            pending.append(content.step_meta(step_no, st))
-            n_pending += len(pending[-1]["layer"])
-            if n_pending >= WRITE_CHUNK:
-                written += flush(f)
-                n_pending = 0
-        if pending:
-            written += flush(f)
-    assert written == n_records
-    return n_steps, n_records
-
 
 # --- the measurements --------------------------------------------------------------------
 
-# (b): a plain numpy pass, standalone (no onebit_predict import): argv = TRACE CHUNK_RECORDS
+# (b): a plain numpy pass over the records' memmap, in the package's layout: argv = TRACE CHUNK_RECORDS
 BASELINE_SRC = r"""
 import sys
 import numpy as np
+from onebit_predict.trace import Trace
 path, chunk = sys.argv[1], int(sys.argv[2])
-h = np.fromfile(path, dtype="<u4", count=13)
-hs, rs, used, depth = int(h[3]), int(h[4]), int(h[7]), int(h[8])
-dt = np.dtype([("step", "<u4"), ("seq_id", "<i4"), ("pos", "<i4"), ("layer", "<u2"), ("n_read", "<u2"),
-               ("flags", "<u2"), ("distance", "<u2"), ("actual_ids", "<i4", (used,)), ("actual_w", "<f4", (used,)),
-               ("pred_ids", "<i4", (depth,)), ("pred_logits", "<f4", (depth,))])
-assert dt.itemsize == rs
-n = (np.memmap(path, dtype=np.uint8, mode="r").size - hs) // rs
-rec = np.memmap(path, dtype=dt, mode="r", offset=hs, shape=(n,))
+rec = Trace.open(path).records
+n = len(rec)
 ints = ("step", "seq_id", "pos", "layer", "n_read", "flags", "distance", "actual_ids", "pred_ids")
 isum, fsum = 0, 0.0
 for start in range(0, n, chunk):
@@ -540,7 +331,7 @@ def _markdown(report: dict) -> str:
         f"the launcher's RSS when it forks, the floor of that number: {f(report['rows'][0]['launcher_rss_mib'])} MiB",
         "",
         "(a) " + " ".join(report["rows"][0]["command"]) + " > /dev/null",
-        "(b) python -c BASELINE_SRC TRACE CHUNK: np.memmap of the record dtype, summing every field per chunk "
+        "(b) python -c BASELINE_SRC TRACE CHUNK: the records' np.memmap (Trace.open), summing every field per chunk "
         f"of {report['chunk_records']} records",
         *(
             ["(c) python -c NUMPY_ENGINE_SRC TRACE: compute_stats(trace, engine='numpy')"]
@@ -614,7 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     size = int(args.size_mib * MIB)
     seed_header = synth_header(args.seed)
     n_steps, n_records = plan(size, args.seed)
-    want = TRACE_HEADER_SIZE + n_records * seed_header.record_size
+    want = expected_size(size, args.seed)
     tmp, path = _trace_path(args)
     problem = _path_problem(args, path, seed_header)
     if problem:

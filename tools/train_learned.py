@@ -33,8 +33,9 @@ For one model of models/ (``--model qwen3moe-tiny``, ``qwen4exp-tiny``, ``olmoe-
    and a static baseline (each layer's most frequent experts in the generation capture);
 
 4. writes the generation-trained sidecars as ``models/NAME.learned-k{K}.gguf``, the
-   chunk-trained ones under ``--chunks-dir`` (default /tmp/onebit-learned), and the figures as
-   JSON (``--json``, default ``/tmp/onebit-learned/NAME.json``), then prints the tables.
+   chunk-trained ones under ``--chunks-dir`` (default /tmp/onebit-learned), each naming
+   ``models/NAME.gguf`` (``learned.model_identity``: llama.cpp refuses it for another model), and
+   the figures as JSON (``--json``, default ``/tmp/onebit-learned/NAME.json``), then prints the tables.
 
 ``--cost`` instead times the predictor's one matrix-vector product per predicted layer
 (numpy and torch, one thread) for the three models' shapes.
@@ -66,10 +67,12 @@ import numpy as np  # noqa: E402
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO_ROOT), str(REPO_ROOT / "tools")]
 
+from onebit_predict.atomic import atomic_write_text  # noqa: E402
 from onebit_predict.learned import (  # noqa: E402
     LearnedLayer,
     LearnedPredictor,
     check_model,
+    model_identity,
     prev_token_hits,
     read_learned,
     recall_hits,
@@ -200,7 +203,11 @@ def gate_weights(model, gguf_path: Path) -> list[np.ndarray]:
     return ws
 
 
-def train_sidecars(xs, acts, gates, args, model_name: str, source: str) -> dict[int, LearnedPredictor]:
+def train_sidecars(
+    xs, acts, gates, args, model_name: str, source: str, identity: tuple[str, int]
+) -> dict[int, LearnedPredictor]:
+    """One sidecar per K, trained on ``source``'s capture; ``identity``: the model GGUF's
+    :func:`model_identity`, which the sidecar names (llama.cpp refuses it for another model)."""
     n, t, nl, d = xs.shape
     k = acts.shape[-1]
     out = {}
@@ -225,6 +232,8 @@ def train_sidecars(xs, acts, gates, args, model_name: str, source: str) -> dict[
             model_name=model_name,
             trained_on=source,
             tokens=n * t,
+            model_arch=identity[0],
+            router_hash=identity[1],
             layers=layers,
         )
     return out
@@ -314,6 +323,7 @@ def run(args) -> int:
     gguf_path = REPO_ROOT / "models" / f"{name}.gguf"
     hf_dir = REPO_ROOT / "models" / f"{name}-hf"
     model_name = str(gguf.GGUFReader(gguf_path).fields["general.name"].contents())
+    identity = model_identity(gguf_path)  # what every sidecar names: the model it is trained for
     n_seq = args.tokens // CTX
     if n_seq * CTX != args.tokens or n_seq < 1:
         raise SystemExit(f"train_learned: --tokens must be a positive multiple of {CTX}")
@@ -355,7 +365,7 @@ def run(args) -> int:
     log(f"captured; greedy argmax of the capture pass = the generated token: {agree}")
 
     t0 = time.time()
-    preds = {src: train_sidecars(caps[src][0], caps[src][1], gates, args, model_name, src) for src in SOURCES}
+    preds = {src: train_sidecars(*caps[src][:2], gates, args, model_name, src, identity) for src in SOURCES}
     timing["train_s"] = time.time() - t0
     files = {}
     for src, by_k in preds.items():
@@ -398,7 +408,7 @@ def run(args) -> int:
     }
     args.json = args.json or args.chunks_dir / f"{name}.json"
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(record, indent=1) + "\n")
+    atomic_write_text(args.json, json.dumps(record, indent=1) + "\n")
     for key, what in EVAL_SETS.items():
         print(table(results[key], k, f"\n{name}: read recall % on {what}"))
     print(f"\ntiming: {record['timing']}; JSON: {args.json}")

@@ -13,7 +13,7 @@ come from small models whose routers learned to route. This script:
    transformers model computes with) and saves the transformers checkpoint;
 4. converts it with the pinned llama.cpp tree's ``convert_hf_to_gguf.py`` (its own
    ``gguf-py``), writing tokenizer model ``none`` plus ``{arch}.vocab_size``, then gives
-   the GGUF the RWKV byte vocabulary of ``onebit_predict.models.vocab`` (token ``i`` is
+   the GGUF the RWKV byte vocabulary of ``onebit_predict.grow.vocab`` (token ``i`` is
    byte ``i``, 256 the end-of-file control token, no BOS): llama.cpp's tokenizer maps text
    to exactly its bytes, the ids the model was trained on;
 5. ``--check``: runs the GGUF through the patched llama.cpp and the checkpoint through
@@ -54,6 +54,8 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
+
+from onebit_predict.grow.verify import HELDOUT_SEQ_LEN  # noqa: E402 (after the path)
 
 EOD = 256  # end-of-file token between corpus files
 VOCAB = 257  # 256 byte values + EOD
@@ -472,7 +474,7 @@ import convert_hf_to_gguf as conv
 
 def byte_vocab(self):
     # token id = byte value, id 256 = end of file (models/README.md); convert() then replaces
-    # "none" by the RWKV byte vocabulary (onebit_predict.models.vocab)
+    # "none" by the RWKV byte vocabulary (onebit_predict.grow.vocab)
     self.gguf_writer.add_tokenizer_model("none")
     key = gguf.Keys.LLM.VOCAB_SIZE.format(arch=self.gguf_writer.arch)
     if not any(key in kv for kv in self.gguf_writer.kv_data):
@@ -504,11 +506,11 @@ conv.main()
 def convert(hf_dir: Path, out: Path, outtype: str, name: str) -> None:
     """Convert with the pinned tree's converter (tokenizer model "none"), then add the byte vocabulary.
 
-    The second step is ``python -m onebit_predict.models.vocab``: it changes only the
+    The second step is ``python -m onebit_predict.grow.vocab``: it changes only the
     tokenizer keys (the converter's file is ``vocab.strip_vocab`` of the result, byte for byte).
     """
+    from onebit_predict.grow.vocab import add_byte_vocab
     from onebit_predict.llama.paths import build_info
-    from onebit_predict.models.vocab import add_byte_vocab
 
     tree = build_info().tree
     env = dict(os.environ)
@@ -536,24 +538,6 @@ def sha256(path: Path) -> str:
 # --- the transformers vs llama.cpp check --------------------------------------------------
 
 
-def llama_logits(gguf_path: Path, seqs: list[list[int]], threads: int = 1):
-    """llama.cpp logits (numpy, [n_seq, len, n_vocab]) of each sequence, each in a fresh context."""
-    import numpy as np
-
-    from onebit_predict.llama.runner import Context, ContextSettings, Model
-
-    n = max(len(s) for s in seqs)
-    settings = ContextSettings(n_ctx=max(256, n), n_batch=n, n_ubatch=n, n_threads=threads)
-    env = {k: None for k in ("ONEBIT_MOE_PREDICT", "ONEBIT_MOE_PREDICT_OUT", "ONEBIT_MOE_PREDICT_STATS")}
-    out = []
-    with Model(gguf_path) as model:
-        for s in seqs:
-            with Context(model, settings, env) as ctx:
-                rows = ctx.decode(s, list(range(len(s))), [0] * len(s), [True] * len(s))
-            out.append(np.stack([np.frombuffer(r, dtype=np.float32) for r in rows]))
-    return np.stack(out)
-
-
 def hf_logits(hf_dir: Path, seqs: list[list[int]]):
     import torch
     import transformers as tf
@@ -566,7 +550,8 @@ def hf_logits(hf_dir: Path, seqs: list[list[int]]):
         return model(input_ids=torch.tensor(seqs), output_router_logits=False, use_cache=False).logits.float().numpy()
 
 
-HELDOUT_SEQS, HELDOUT_LEN, HELDOUT_OFFSET = 4, 256, 1024
+HELDOUT_SEQS, HELDOUT_OFFSET = 4, 1024
+HELDOUT_LEN = HELDOUT_SEQ_LEN  # onebit_predict/grow/verify.py reads the snippet back in sequences of this length
 
 
 def write_heldout(path: Path) -> list[str]:
@@ -587,14 +572,10 @@ def write_heldout(path: Path) -> list[str]:
         data += raw[HELDOUT_OFFSET : HELDOUT_OFFSET + HELDOUT_LEN]
         if len(chosen) == HELDOUT_SEQS:
             break
-    path.write_bytes(data)
+    from onebit_predict.atomic import atomic_write_bytes
+
+    atomic_write_bytes(path, data)
     return chosen
-
-
-def heldout_sequences(path: Path) -> list[list[int]]:
-    """The held-out snippet as HELDOUT_SEQS token sequences (token id = byte value)."""
-    raw = path.read_bytes()
-    return [list(raw[i : i + HELDOUT_LEN]) for i in range(0, len(raw), HELDOUT_LEN)]
 
 
 def check(gguf_path: Path, hf_dir: Path, threads: int = 1, heldout: Path | None = None) -> dict:
@@ -602,6 +583,8 @@ def check(gguf_path: Path, hf_dir: Path, threads: int = 1, heldout: Path | None 
     import numpy as np
 
     setup_torch(threads, 0)
+    from onebit_predict.grow.verify import heldout_sequences, llama_logits
+
     seqs = heldout_sequences(heldout or gguf_path.parent / "heldout.txt")
     a = llama_logits(gguf_path, seqs, threads)
     b = hf_logits(hf_dir, seqs)
@@ -686,7 +669,9 @@ def main(argv: list[str] | None = None) -> int:
         **res,
     }
     record["check"] = check(args.out, hf_dir, args.threads)
-    (args.out.with_suffix(".json")).write_text(json.dumps(record, indent=1) + "\n")
+    from onebit_predict.atomic import atomic_write_text
+
+    atomic_write_text(args.out.with_suffix(".json"), json.dumps(record, indent=1) + "\n")
     print(f"wrote {args.out} ({record['gguf_bytes']} bytes, sha256 {record['gguf_sha256']})")
     return 0
 

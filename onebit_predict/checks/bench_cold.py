@@ -12,6 +12,10 @@ drive under the model is measured in the same run (llama/drive.py). The table: d
 tok/s against the evicted "patched off", the largest share of expert pages resident as a
 token started (the proof that the eviction held), the prediction's read recall and precision
 and the consumer's counters, from each configuration's trace.
+
+Each row is a :class:`RowPlan`: its configuration (costmodel/row_config.py ``RowConfig``: the name,
+the ONEBIT_* variables, the ``config`` object each row of the report carries) and the worker's
+run of it (checks/rounds.py ``Config``: that environment with the row's trace).
 """
 
 from __future__ import annotations
@@ -21,34 +25,50 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..constants import ENV_MODE, ENV_OUT, ENV_PREFETCH, ENV_PREFETCH_DEBUG_DRAIN
+from ..constants import ENV_OUT, ENV_PREFETCH_DEBUG_DRAIN
+from ..costmodel.row_config import RowConfig
 from ..metrics.stats import compute_stats
 from ..trace import Trace
 from .rounds import BenchOptions, Config, collect, worker_json
 
+WARM = "patched off, warm"
 
-def cold_configs(trace_dir: Path) -> list[Config]:
+
+@dataclass(frozen=True)
+class RowPlan:
+    """A benchmark row: its configuration, and the worker's run of it (the name, the environment
+    with the row's trace, whether its expert pages are evicted)."""
+
+    config: RowConfig
+    run: Config
+
+    @property
+    def name(self) -> str:
+        return self.run.name
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.run.env
+
+    @classmethod
+    def of(cls, config: RowConfig, trace: Path, **extra: str) -> RowPlan:
+        """The worker runs the configuration's environment, ``extra`` variables and its trace ``trace``."""
+        return cls(config, Config(config.name, {**config.env(), **extra, ENV_OUT: str(trace)}))
+
+
+def cold_configs(trace_dir: Path) -> list[RowPlan]:
     """--cold: the consumer off/advise/read for each predictor; every run writes a trace."""
+    off = RowConfig()
     out = [
-        Config("patched off, warm", {ENV_OUT: str(trace_dir / "warm.bin")}, evict=False),
-        Config("patched off", {ENV_OUT: str(trace_dir / "off.bin")}),
+        RowPlan(off, Config(WARM, {ENV_OUT: str(trace_dir / "warm.bin")}, evict=False)),
+        RowPlan.of(off, trace_dir / "off.bin"),
     ]
     for mode in ("router", "block"):
         for consumer in ("off", "advise", "read"):
-            name = mode if consumer == "off" else f"{mode} + {consumer}"
             # read mode's workers may still be reading when a token ends: each token waits for its
             # own reads (timed), so no late read refills the next token's evicted experts
-            out.append(
-                Config(
-                    name,
-                    {
-                        ENV_MODE: mode,
-                        ENV_PREFETCH: consumer,
-                        ENV_PREFETCH_DEBUG_DRAIN: "1",
-                        ENV_OUT: str(trace_dir / f"{mode}-{consumer}.bin"),
-                    },
-                )
-            )
+            drain = {ENV_PREFETCH_DEBUG_DRAIN: "1"}
+            out.append(RowPlan.of(RowConfig(mode, consumer), trace_dir / f"{mode}-{consumer}.bin", **drain))
     return out
 
 
@@ -69,6 +89,7 @@ class ColdRow:
     already_resident_bytes: int
     failed_ranges: int
     dropped_bytes: int
+    config: RowConfig = RowConfig()  # what the row ran (the report's "config" object)
 
 
 def trace_figures(path: Path) -> tuple[float | None, float | None, int, int, int, int, int]:
@@ -79,17 +100,18 @@ def trace_figures(path: Path) -> tuple[float | None, float | None, int, int, int
     return (metrics["read_recall"], metrics["precision"], *pf)
 
 
-def measure_cold(model: Path, cfgs: Sequence[Config], lib: Path, opts: BenchOptions) -> list[ColdRow]:
-    samples = collect(model, cfgs, lib, None, opts)
-    off = statistics.median(s.tok_s for s in samples["patched off"])
+def measure_cold(model: Path, plans: Sequence[RowPlan], lib: Path, opts: BenchOptions) -> list[ColdRow]:
+    samples = collect(model, [p.run for p in plans], lib, None, opts)
+    off = statistics.median(s.tok_s for s in samples[RowConfig().name])
     rows = []
-    for cfg in cfgs:
-        toks = [s.tok_s for s in samples[cfg.name]]
+    for plan in plans:
+        got = samples[plan.name]
+        toks = [s.tok_s for s in got]
         med = statistics.median(toks)
-        left = max(s.resident_after_evict or 0.0 for s in samples[cfg.name]) if cfg.evict else None
+        left = max(s.resident_after_evict or 0.0 for s in got) if plan.run.evict else None
         # the trace of the last round; every round runs the same tokens
-        figures = trace_figures(Path(cfg.env[ENV_OUT]))
-        rows.append(ColdRow(cfg.name, med, min(toks), max(toks), med / off, left, *figures))
+        figures = trace_figures(Path(plan.env[ENV_OUT]))
+        rows.append(ColdRow(plan.name, med, min(toks), max(toks), med / off, left, *figures, plan.config))
     return rows
 
 

@@ -18,84 +18,217 @@ predictor with the consumer off, the bytes read from the drive and the major fau
 decoded token (/proc/self/io and getrusage of the worker, all its threads), the drive's
 utilisation (bytes read per second over its sequential bandwidth, measured in the same run),
 the prediction's read recall and the consumer's counters from the trace.
+
+Each configuration is a costmodel/row_config.py ``RowConfig`` (:func:`memory_rows`): its name, its
+ONEBIT_* variables and the ``config`` object every row of the report carries come from it, and
+the page model (costmodel/page_check.py) reads the rows back through it.
+
+The drive is a variable of every run: the report records the model's device and its
+read_ahead_kb (llama/read_ahead.py ``DriveSetting``), and ``--read-ahead-kb 128,8192`` runs every
+configuration at each value (``read_ahead_kb`` of its ``RowConfig``, ``readahead 128`` in its name,
+set on the device before each of its runs and restored after them), side by side, each
+compared with "patched off" and the consumer off at the same value. Before the first token of
+every confined run, no expert page of the model may be resident (checks/rounds.py: mincore,
+EvictionNotHeld, exit 1), and the rounds are odd, so that each median is a measured run.
+
+The drive itself is a dimension too: ``--drive native,nvme,sata`` runs every configuration on each
+(``drive`` of its ``RowConfig``, ``block + advise, nvme`` in its name), side by side, each compared
+with "patched off" and the consumer off on the same drive. ``native`` reads the model where it is;
+``nvme`` and ``sata`` serve it from the emulated drive (drive/emudrive.py ``mounted``, the profile of
+drive/profiles.py), mounted by this process before any worker joins its memory cgroup (so the
+emulator, which holds the file in its own memory, stays outside the limit) and kept mounted for
+every run on it (:func:`drives_mounted`); the workers load the model from the mount.
+``--read-ahead-kb`` is then set on the mount's bdi (the first value by the mount itself). Per row:
+the emulator's bytes served and CPU seconds over a run and its CPU seconds while the worker decoded
+(on 2 cores it competes with the decode); the bytes read per token are the bytes it served while
+the worker decoded (FUSE reads never reach /proc/self/io), the drive's utilisation is over the
+profile's bandwidth. The report records, per drive (:func:`drives_report`), the mount's max_read
+and read_ahead_kb, and the emulator's counters before and after each run.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from ..constants import (
-    ENV_DEPTH,
-    ENV_MODE,
-    ENV_OUT,
-    ENV_PREFETCH,
-    ENV_PREFETCH_DEBUG_ORACLE,
-    ENV_PREFETCH_GUARD,
-    ENV_PREFETCH_ROOM,
-)
+from ..constants import ENV_OUT, ENV_PREFETCH_DEBUG_ORACLE
+from ..costmodel.row_config import DRIVES, NATIVE, RowConfig
 from ..trace import Trace
-from .bench_cold import pct, trace_figures
-from .rounds import BenchOptions, Config, collect, run_one
+from .bench_cold import RowPlan, pct, trace_figures
+from .rounds import BenchOptions, Config, DriveRun, collect, run_one
 
+logger = logging.getLogger("onebit_predict")
 RESIDENT = 0  # a limit of 0: no cgroup, the model read into the page cache first
-OFF = "patched off"
-GUARD = "guard 4"  # the configuration's qualifier: the consumer's guard on, 4 tokens per probe
-NO_ROOM = "room 0"  # ... the room rule off
+OFF = RowConfig().name
+ORACLE = RowConfig("router", "advise", oracle=True).name  # "oracle + advise"
 
 
-def memory_configs(trace_dir: Path, n_expert: int) -> list[Config]:
-    """The predictor off; router and block with the consumer off, advise and read; the never-a-loss
-    pairs (block + advise with the guard, and without the room rule; every expert read, with and
-    without the rule); the oracle."""
-
-    def cfg(name: str, out: str, **env: str) -> Config:
-        return Config(name, {**env, ENV_OUT: str(trace_dir / f"{out}.bin")})
-
-    out = [cfg(OFF, "off")]
+def memory_rows(n_expert: int) -> list[RowConfig]:
+    """The predictor off; router and block with the consumer off, advise and read (the room rule and
+    the guard at their defaults: the rule on, no guard); the never-a-loss pairs: block + advise with
+    the guard (4 tokens per probe), and without the room rule; every expert read (depth n_expert),
+    with and without the rule; the oracle (neither rule nor guard)."""
+    out = [RowConfig()]
     for mode in ("router", "block"):
-        for consumer in ("off", "advise", "read"):
-            name = mode if consumer == "off" else f"{mode} + {consumer}"
-            out.append(cfg(name, f"{mode}-{consumer}", **{ENV_MODE: mode, ENV_PREFETCH: consumer}))
-    advise = {ENV_MODE: "block", ENV_PREFETCH: "advise"}
-    out.append(cfg(f"block + advise, {GUARD}", "block-advise-guard", **advise, **{ENV_PREFETCH_GUARD: "4"}))
-    out.append(cfg(f"block + advise, {NO_ROOM}", "block-advise-noroom", **advise, **{ENV_PREFETCH_ROOM: "0"}))
-    deep = {**advise, ENV_DEPTH: str(n_expert)}
-    out.append(cfg(f"block + advise, depth {n_expert}", "block-advise-deep", **deep))
-    out.append(
-        cfg(
-            f"block + advise, depth {n_expert}, {NO_ROOM}",
-            "block-advise-deep-noroom",
-            **deep,
-            **{ENV_PREFETCH_ROOM: "0"},
-        )
-    )
-    oracle = {
-        ENV_MODE: "router",
-        ENV_PREFETCH: "advise",
-        ENV_PREFETCH_GUARD: "0",
-        ENV_PREFETCH_ROOM: "0",
-        ENV_PREFETCH_DEBUG_ORACLE: str(oracle_source(trace_dir)),
-    }
-    out.append(cfg(ORACLE, "oracle", **oracle))
+        out += [RowConfig(mode, consumer) for consumer in ("off", "advise", "read")]
+    out += [RowConfig("block", "advise", guard=4), RowConfig("block", "advise", room=0.0)]
+    out += [RowConfig("block", "advise", depth=n_expert), RowConfig("block", "advise", depth=n_expert, room=0.0)]
+    out.append(RowConfig("router", "advise", oracle=True))
     return out
 
 
-ORACLE = "oracle + advise"
+def memory_configs(
+    trace_dir: Path, n_expert: int, read_ahead_kb: Sequence[int] | None = None, drives: Sequence[str] | None = None
+) -> list[RowPlan]:
+    """:func:`memory_rows`, each as the worker runs it: its environment (the oracle's with the routing
+    recorded before the rounds) and its trace in ``trace_dir``; with ``read_ahead_kb``, each
+    configuration once at each value, side by side (the drive set to it before each of its runs); with
+    ``drives``, each of those once on each drive, side by side."""
+    out = []
+    for base in memory_rows(n_expert):
+        for kb in read_ahead_kb or [None]:
+            for drive in drives or [None]:
+                row = replace(base, read_ahead_kb=kb, drive=drive)
+                env = row.env(oracle_source(trace_dir) if row.oracle else None)
+                trace = trace_dir / f"{re.sub(r'[^a-z0-9.]+', '-', row.name).strip('-')}.bin"  # one per name
+                run = Config(row.name, {**env, ENV_OUT: str(trace)}, read_ahead_kb=kb, drive=drive)
+                out.append(RowPlan(row, run))
+    return out
+
+
+class DriveUnavailable(ValueError):
+    """--drive names an emulated drive this machine cannot run (exit 2: why, and the packages it needs)."""
+
+
+def drive_value(text: str) -> str:
+    """One ``--drive`` item: ``native`` or an emulated drive's profile (nvme, sata)."""
+    if text not in DRIVES:
+        raise ValueError(f"unknown drive '{text}': one of {', '.join(DRIVES)}")
+    return text
+
+
+def require_drives(names: Sequence[str] | None) -> None:
+    """Every emulated drive of ``names`` can run here: a usable /dev/fuse, the emulator built (into the
+    cache, on first use); DriveUnavailable (exit 2) naming the Debian packages otherwise."""
+    from ..drive.emudrive import INSTALL_HINT, EmuDriveError, build, unavailable_reason
+
+    emulated = [n for n in names or () if n != NATIVE]
+    if not emulated:
+        return
+    reason = unavailable_reason()
+    if reason is None:
+        try:
+            build()
+        except EmuDriveError as e:
+            reason = str(e) if INSTALL_HINT in str(e) else f"{e} (it needs {INSTALL_HINT})"
+    if reason is not None:
+        raise DriveUnavailable(f"--drive {','.join(emulated)}: the emulated drive cannot run here: {reason}")
+
+
+@contextmanager
+def drives_mounted(
+    model: Path, names: Sequence[str] | None, read_ahead_kb: Sequence[int] | None, native_read_ahead: Any = None
+) -> Iterator[dict[str, DriveRun] | None]:
+    """Each drive of ``names`` as its runs read the model (rounds.py ``DriveRun``; None without
+    ``--drive``): ``native`` the model where it is (its device's read_ahead_kb through
+    ``native_read_ahead``); an emulated one mounted here, in this process's cgroup, before any worker
+    joins its own, with the first ``read_ahead_kb`` set by the mount and the rest through a ReadAhead
+    on its bdi, and unmounted on every exit path. A mount that fails is llama/drive.py DriveError (exit 1)."""
+    if not names:
+        yield None
+        return
+    from ..drive.emudrive import EmuDriveError, mounted
+    from ..drive.profiles import profile
+    from ..llama.drive import DriveError
+    from ..llama.read_ahead import ReadAhead
+
+    with ExitStack() as stack:
+        drives = {}
+        for name in names:
+            if name == NATIVE:
+                drives[name] = DriveRun(name, model, native_read_ahead)
+                continue
+            try:
+                m = stack.enter_context(mounted(model, profile(name), read_ahead_kb[0] if read_ahead_kb else None))
+            except EmuDriveError as e:
+                raise DriveError(f"--drive {name}: {e}") from None
+            memcg = next((c for c in m.cgroup.split(";") if ":memory:" in c or c.startswith("0::")), m.cgroup or "?")
+            logger.info(
+                "drive %s: %s served by pid %d, in cgroup %s (max_read %d, read_ahead_kb %d)",
+                name,
+                m.path,
+                m.pid,
+                memcg,
+                m.max_read,
+                m.read_ahead_kb,
+            )
+            ra = stack.enter_context(ReadAhead(m.bdi / "read_ahead_kb", f"the {name} mount")) if read_ahead_kb else None
+            drives[name] = DriveRun(name, m.path, ra, m)
+        yield drives
+
+
+def drives_report(drives: dict[str, DriveRun] | None, model: Path) -> dict[str, Any]:
+    """The report's ``drives``: per drive, where the runs read the model and, for an emulated one, its
+    profile, the mount's max_read and read_ahead_kb (as mounted, and as the kernel had it), the
+    emulator's pid and cgroup, its counters before and after each run and its final line (None
+    without ``--drive``: the model where it is, ``native``)."""
+    if drives is None:
+        return {NATIVE: {"emulated": False, "path": str(model)}}
+    from ..drive.emudrive import EmuDriveError
+
+    out: dict[str, Any] = {}
+    for name, d in drives.items():
+        m = d.mount
+        if m is None:
+            out[name] = {"emulated": False, "path": str(d.path)}
+            continue
+        try:
+            final = asdict(m.stats())  # the final line, written when it unmounted
+        except EmuDriveError:
+            final = None
+        out[name] = {
+            "emulated": True,
+            "profile": asdict(m.profile),
+            "path": str(m.path),
+            "mountpoint": str(m.mountpoint),
+            "max_read": m.max_read,
+            "read_ahead_kb": m.read_ahead_kb,
+            "read_ahead_kb_initial": m.read_ahead_kb_initial,
+            "bdi": str(m.bdi),
+            "emulator_pid": m.pid,
+            "emulator_cgroup": m.cgroup,
+            "runs": d.runs,
+            "final": final,
+        }
+    return out
+
+
+def drives_text(drives: dict[str, DriveRun] | None) -> str:
+    """The table header's words for ``--drive``: ``; drives native, nvme (emulated, max_read 131072,
+    read_ahead_kb 128)`` ("" without it)."""
+    if not drives:
+        return ""
+    words = [
+        name
+        if d.mount is None
+        else f"{name} (emulated, {d.mount.profile.latency_us:g} us, {d.mount.profile.bandwidth / 1e6:.0f} MB/s, "
+        f"{d.mount.profile.channels} channels, max_read {d.mount.max_read}, read_ahead_kb {d.mount.read_ahead_kb})"
+        for name, d in drives.items()
+    ]
+    return "; drives " + ", ".join(words)
 
 
 def oracle_source(trace_dir: Path) -> Path:
     """Where the oracle's routing is recorded before the rounds."""
     return trace_dir / "oracle-source.bin"
-
-
-def consumer_off_of(name: str) -> str:
-    """The configuration with the same predictor and the consumer off (the never-a-loss baseline)."""
-    return "router" if name == ORACLE else name.split(" + ")[0]
 
 
 class OracleMismatch(RuntimeError):
@@ -146,50 +279,125 @@ class MemoryRow:
     failed_ranges: int
     dropped_bytes: int
     env: dict[str, str] = field(default_factory=dict)  # the configuration's ONEBIT_* knobs, its trace path left out
+    config: RowConfig = (
+        RowConfig()
+    )  # the configuration (the report's "config" object, read back by costmodel/measured.py)
+    # an emulated drive (None: native): medians over the rounds, per run (the worker's whole life) and
+    # while it decoded: the bytes the emulator served, its CPU seconds (taken from the decode's cores)
+    drive_served_bytes: int | None = None
+    drive_cpu_s: float | None = None
+    drive_decode_cpu_s: float | None = None
 
 
 def measure_memory(
-    model: Path, cfgs: Sequence[Config], lib: Path, opts: BenchOptions, limits: Sequence[int], bandwidth_mb_s: float
+    model: Path, plans: Sequence[RowPlan], lib: Path, opts: BenchOptions, limits: Sequence[int], bandwidth_mb_s: float
 ) -> list[MemoryRow]:
-    """Every configuration at every limit (each limit's rounds alternating), in limit order."""
-    oracle = next((c for c in cfgs if c.name == ORACLE), None)
+    """Every configuration at every limit (each limit's rounds alternating), in limit order. The
+    rounds are odd (ValueError, exit 2, otherwise): with an even count the median is the mean of
+    the middle two, and one bad run moves it."""
+    require_odd_rounds(opts.rounds)
+    oracles = [p for p in plans if p.config.oracle]
+    oracle = oracles[0] if oracles else None
     if oracle is not None:
         # the routing of the same tokens, recorded once with nothing confined
         source = Path(oracle.env[ENV_PREFETCH_DEBUG_ORACLE])
         run_one(model, Config("oracle source", {ENV_OUT: str(source)}), lib, replace(opts, memory_limit=None))
+    runs = [p.run for p in plans]
     rows = []
     for limit in limits:
         resident = limit == RESIDENT
         samples = collect(
-            model, cfgs, lib, None, replace(opts, memory_limit=None if resident else limit, warm=resident)
+            model, runs, lib, None, replace(opts, memory_limit=None if resident else limit, warm=resident)
         )
-        if oracle is not None:
-            check_oracle(source, Path(oracle.env[ENV_OUT]))
+        for o in oracles:
+            check_oracle(source, Path(o.env[ENV_OUT]))
         medians = {name: statistics.median(s.tok_s for s in got) for name, got in samples.items()}
-        for cfg in cfgs:
-            got = samples[cfg.name]
+        for plan in plans:
+            got = samples[plan.name]
             toks = [s.tok_s for s in got]
-            med = medians[cfg.name]
+            med = medians[plan.name]
             read = statistics.median(s.read_bytes / opts.generate for s in got)
             faults = statistics.median(s.major_faults / opts.generate for s in got)
-            util = statistics.median(s.read_bytes / s.seconds / (bandwidth_mb_s * 1e6) for s in got)
+            bw = _bandwidth_mb_s(plan.run, opts, bandwidth_mb_s)
+            util = statistics.median(s.read_bytes / s.seconds / (bw * 1e6) for s in got)
             rows.append(
                 MemoryRow(
                     limit,
-                    cfg.name,
+                    plan.name,
                     med,
                     min(toks),
                     max(toks),
-                    med / medians[OFF],
-                    med / medians.get(consumer_off_of(cfg.name), med),
+                    med / medians[plan.config.predictor_off().name],
+                    med / medians.get(plan.config.consumer_off().name, med),
                     read / 2**20,
                     faults,
                     util,
-                    *trace_figures(Path(cfg.env[ENV_OUT])),
-                    {k: v for k, v in cfg.env.items() if k != ENV_OUT},
+                    *trace_figures(Path(plan.env[ENV_OUT])),
+                    {k: v for k, v in plan.env.items() if k != ENV_OUT},
+                    plan.config,
+                    _median([s.drive_bytes for s in got]),
+                    _median([s.drive_cpu_s for s in got]),
+                    _median([s.drive_decode_cpu_s for s in got]),
                 )  # fmt: skip
             )
     return rows
+
+
+def _bandwidth_mb_s(run: Config, opts: BenchOptions, native_mb_s: float) -> float:
+    """The sequential bandwidth of the drive a run reads from: an emulated drive's profile, else the native drive's."""
+    drive = (opts.drives or {}).get(run.drive) if run.drive else None
+    return native_mb_s if drive is None or drive.mount is None else drive.mount.profile.bandwidth / 1e6
+
+
+def _median(values: Sequence[Any]) -> Any:
+    """The median of a figure only emulated drives have (None where a run has none)."""
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
+def run_memory(
+    model: Path,
+    opts: BenchOptions,
+    lib: Path,
+    limits: Sequence[int],
+    setting: Any,
+    drive_names: Sequence[str] | None = None,
+    read_ahead_kb: Sequence[int] | None = None,
+) -> tuple[list[MemoryRow], dict[str, Any], str]:
+    """``onebit-bench --memory-limit``'s run: the cgroup proven makeable (CgroupError, exit 2), the native
+    drive measured, its read_ahead_kb set per run through ``setting`` (llama/read_ahead.py
+    ``DriveSetting``), the emulated drives of ``drive_names`` mounted before any worker joins its
+    cgroup, then every configuration at every limit, value and drive (:func:`measure_memory`).
+    Returns the rows, the report's fields (beside the rows) and the table header's words on the drives."""
+    import os
+    import tempfile
+
+    from ..grow.gguf_keys import arch_value
+    from ..llama.cgroup import MemoryCgroup
+    from ..llama.drive import measure_drive
+
+    for limit in [n for n in limits if n][:1]:
+        MemoryCgroup(f"onebit-bench-probe-{os.getpid()}", limit).remove()  # CgroupError (exit 2) says why not
+    drive = measure_drive(model.resolve().parent)
+    n_expert = int(arch_value(model, "expert_count"))
+    with (
+        tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp,
+        setting.applied() as read_ahead,
+        drives_mounted(model, drive_names, read_ahead_kb, read_ahead) as drives,  # before any worker's cgroup
+    ):
+        plans = memory_configs(Path(tmp), n_expert, read_ahead_kb, drive_names)
+        run_opts = replace(opts, read_ahead=read_ahead, drives=drives)
+        rows = measure_memory(model, plans, lib, run_opts, limits, drive.bandwidth_mb_s)
+    extra = {"memory_limits": list(limits), **setting.report(asdict(drive))}
+    extra |= {"read_ahead_kb": None if not read_ahead_kb else list(read_ahead_kb)}
+    extra["drives"] = drives_report(drives, model)
+    words = f"{setting.text()}, {drive.bandwidth_mb_s:.0f} MB/s sequential{drives_text(drives)}"
+    return rows, extra, words
+
+
+def require_odd_rounds(rounds: int) -> None:
+    """--memory-limit's rounds: odd, so that every median is one measured run (ValueError, exit 2)."""
+    if rounds < 1 or rounds % 2 == 0:
+        raise ValueError(f"--memory-limit takes an odd --rounds (not {rounds}): each median is then a measured run")
 
 
 def limit_label(limit_bytes: int) -> str:
@@ -202,8 +410,8 @@ def markdown_memory(rows: Sequence[MemoryRow], header: str) -> str:
         "",
         "| limit MiB | configuration | decode tok/s (median) | min | max | vs patched off | vs consumer off "
         "| MiB read/token | major faults/token | drive busy | read recall | experts prefetched | MiB prefetched "
-        "| of it resident | failed |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| of it resident | failed | emulator CPU s/run (decoding) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -211,6 +419,12 @@ def markdown_memory(rows: Sequence[MemoryRow], header: str) -> str:
             f"{r.max_tok_s:.2f} | {r.ratio_to_off:.3f} | {r.ratio_to_consumer_off:.3f} | {r.read_mib_per_token:.2f} | "
             f"{r.major_faults_per_token:.1f} | {pct(r.drive_utilisation)} | {pct(r.read_recall)} | "
             f"{r.prefetched_experts} | {r.prefetched_bytes / 2**20:.1f} | {r.already_resident_bytes / 2**20:.1f} | "
-            f"{r.failed_ranges} |"
+            f"{r.failed_ranges} | {_cpu(r)} |"
         )
     return "\n".join(lines)
+
+
+def _cpu(r: MemoryRow) -> str:
+    if r.drive_cpu_s is None:
+        return "-"
+    return f"{r.drive_cpu_s:.3f}" + ("" if r.drive_decode_cpu_s is None else f" ({r.drive_decode_cpu_s:.3f})")

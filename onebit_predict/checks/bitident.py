@@ -9,7 +9,9 @@ row as bytes, never with a tolerance. A predictor run passes only if it also pre
 trace must hold a PREDICTED record for every routed row of every predicted layer, each at the
 distance asked for, so a check that silently predicted nothing, or predicted one layer ahead
 when asked for two, cannot pass; with a consumer, the trace must also show that it ran, issued
-reads and had no failure.
+reads and had no failure. A trace that was not written whole (none at all, shorter than its
+header, INCOMPLETE or still OPEN: ``trace_written.written_problem``, e.g. ``--keep-traces`` on a full
+disk) fails its mode with that reason, never with what its missing bytes would seem to say.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ..constants import (
 )
 from ..llama.runner import Context, ContextSettings, Model, builtin_tokens
 from ..trace import Trace, TraceHeader
+from ..trace_written import written_problem
 
 PREDICTORS = ("router", "block", "learned")
 CONSUMERS = tuple(name for name in PREFETCH_NAMES.values() if name != "off")
@@ -162,9 +165,10 @@ def mode_ahead(mode: str) -> int:
 
 def random_sidecar(model: Path, ahead: int, path: Path, seed: int) -> Path:
     """A learned-predictor sidecar for ``model`` with random weights (bit-identity does not depend
-    on what the predictor predicts, only on its running), written to ``path``."""
-    from ..learned import LearnedLayer, LearnedPredictor, write_learned
-    from ..models.gguf_keys import arch_value
+    on what the predictor predicts, only on its running), written to ``path``; it names ``model``
+    (learned.model_identity), as llama.cpp requires."""
+    from ..grow.gguf_keys import arch_value
+    from ..learned import LearnedLayer, LearnedPredictor, model_identity, write_learned
 
     n_layer, n_embd, n_expert = (int(arch_value(model, k)) for k in ("block_count", "embedding_length", "expert_count"))
     rng = np.random.default_rng(seed)
@@ -174,7 +178,9 @@ def random_sidecar(model: Path, ahead: int, path: Path, seed: int) -> Path:
         )
         for il in range(ahead, n_layer)
     }
-    write_learned(path, LearnedPredictor(ahead, n_embd, n_expert, "onebit-bitident random", "chunks", 0, layers))
+    arch, router_hash = model_identity(model)
+    pred = LearnedPredictor(ahead, n_embd, n_expert, "onebit-bitident random", "chunks", 0, arch, router_hash, layers)
+    write_learned(path, pred)
     return path
 
 
@@ -301,7 +307,10 @@ def prediction_problem(
 def run_problem(path: Path, n_routed: int, mode: str, leak: bool) -> tuple[int, str | None, str]:
     """prediction_problem, after the header has shown that the run was the one asked for
     (settings_problem): a mode that did not run as asked, or a control that was not applied, fails
-    with the reason."""
+    with the reason. A trace not written whole fails first, with written_problem's reason."""
+    written = written_problem(path)
+    if written is not None:
+        return 0, written, mode
     predictor, consumer = split_mode(mode)
     ahead = mode_ahead(mode)
     predicted, problem, ran = prediction_problem(path, n_routed, consumer, ahead)

@@ -2,10 +2,24 @@
 
 Each configuration of ``onebit-bench`` (checks/bench.py) and ``onebit-bench --cold``
 (checks/bench_cold.py) runs in its own process (the unpatched and patched libllama cannot
-share one): ``python -m onebit_predict.commands.bench --worker`` (checks/worker.py), whose
-last stdout line is a JSON :class:`Sample`. :func:`collect` runs every configuration
+share one): ``python -m onebit_predict.commands.bench_worker`` (its own entry point, which
+runs checks/worker.py), whose last stdout line is a JSON :class:`Sample`. :func:`collect` runs every configuration
 ``rounds`` times, the order alternating round by round so that drift on the machine spreads
 over all of them.
+
+Under ``--memory-limit`` (:func:`run_one`) each run first sets the drive's read_ahead_kb where its
+configuration has one (``BenchOptions.read_ahead``: llama/read_ahead.py ``ReadAhead``, restored by
+its owner), then drops the model from the page cache and proves with mincore that no expert page
+is left (llama/evict.py ``require_evicted``): a run that would start warm is refused (exit 1), not
+measured; the worker checks the same again once it has joined its cgroup.
+
+A configuration may name a drive (``Config.drive``, ``--drive``): its run then reads the model from
+that drive's :class:`DriveRun` (``BenchOptions.drives``): the model where it is (``native``) or the
+file inside an emulated drive's mount, with that drive's read_ahead_kb. On an emulated drive the
+emulator's counters are taken just before the worker starts and just after it exits (kept in
+``DriveRun.runs``, the report's record of every run), and the worker takes them around its decode
+too: FUSE reads never reach the block layer, so /proc/self/io counts none of them, and the bytes the
+emulator served while the worker decoded are the run's bytes read.
 """
 
 from __future__ import annotations
@@ -16,12 +30,15 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Any
+
+from ..llama.paths import NotBuiltError
 
 logger = logging.getLogger("onebit_predict")
 
-WORKER_MODULE = "onebit_predict.commands.bench"  # its --worker flag runs checks/worker.py
+WORKER_MODULE = "onebit_predict.commands.bench_worker"  # the worker's entry point (checks/worker.py)
 
 
 class WorkerError(RuntimeError):
@@ -32,8 +49,15 @@ class WorkerError(RuntimeError):
 class Config:
     name: str
     env: dict[str, str]
-    pristine: bool = False  # run on the unpatched pin's libllama
+    pristine: bool = False  # run on the unpatched pin's libllama: no onebit_* call, so no knob
     evict: bool = True  # --cold: evict the expert pages before every token (False: the warm reference)
+    read_ahead_kb: int | None = None  # --memory-limit: the drive's read_ahead_kb for this run (None: as found)
+    drive: str | None = None  # --drive: the BenchOptions.drives entry it reads the model from (None: as given)
+
+    def __post_init__(self) -> None:
+        if self.pristine and self.env:
+            # the unpatched build has no predictor: a knob here would be measured as plain llama.cpp
+            raise ValueError(f"{self.name}: the unpatched pin takes no predictor knob ({', '.join(sorted(self.env))})")
 
 
 @dataclass(frozen=True)
@@ -49,6 +73,21 @@ class BenchOptions:
     memory_limit: int | None = None  # --memory-limit: each run confined to a memory cgroup of this many bytes
     warm: bool = False  # --memory-limit resident: the model file read into the page cache before each run
     extra_bufts: bool = True  # False: the plain CPU kernels (quantized AMX faults on some VMs)
+    read_ahead: Any = None  # --read-ahead-kb: the drive's llama/read_ahead.py ReadAhead, set per run
+    drives: dict[str, DriveRun] | None = None  # --drive: each drive a configuration may name
+
+
+@dataclass
+class DriveRun:
+    """A drive of ``--drive`` for the runs that name it: the model's path on it, its read_ahead_kb and,
+    for an emulated drive, its mount (drive/emudrive.py ``Mount``) and the emulator's counters before and
+    after each run (``runs``: the report's record)."""
+
+    name: str
+    path: Path  # the model on this drive (the mount's file for an emulated one)
+    read_ahead: Any = None  # the llama/read_ahead.py ReadAhead each run sets its read_ahead_kb through
+    mount: Any = None  # the emulated drive's Mount (None: native)
+    runs: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -60,6 +99,9 @@ class Sample:
     read_bytes: int = 0  # bytes read from the drive while decoding (all threads)
     major_faults: int = 0  # major page faults while decoding
     seconds: float = 0.0  # the decode time
+    drive_bytes: int | None = None  # an emulated drive: the bytes its emulator served over the whole run
+    drive_cpu_s: float | None = None  # ... the emulator's CPU seconds over the whole run (it competes with the decode)
+    drive_decode_cpu_s: float | None = None  # ... the emulator's CPU seconds while the worker decoded
 
 
 def worker_env(lib_dir: Path) -> dict[str, str]:
@@ -70,8 +112,9 @@ def worker_env(lib_dir: Path) -> dict[str, str]:
 
 
 def worker_json(cmd_args: Sequence[str], lib_dir: Path, what: str) -> dict:
-    """Run a worker with cmd_args; its last stdout line as JSON (WorkerError if it failed)."""
-    cmd = [sys.executable, "-m", WORKER_MODULE, "--worker", *cmd_args]
+    """Run a worker (commands/bench_worker.py) with cmd_args; its last stdout line as JSON
+    (WorkerError if it failed)."""
+    cmd = [sys.executable, "-m", WORKER_MODULE, *cmd_args]
     proc = subprocess.run(cmd, env=worker_env(lib_dir), capture_output=True, text=True)
     if proc.returncode != 0:
         raise WorkerError(f"{what} ({proc.returncode}): {proc.stderr.strip()[-400:]}")
@@ -79,6 +122,9 @@ def worker_json(cmd_args: Sequence[str], lib_dir: Path, what: str) -> dict:
 
 
 def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Sample:
+    drive = _drive(cfg, opts)
+    if drive is not None:
+        model = drive.path
     cmd = [
         str(model),
         "--env",
@@ -96,20 +142,34 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         cmd += ["--text-file", str(opts.text_file)]
     if not opts.extra_bufts:
         cmd += ["--no-extra-bufts"]
+    if cfg.pristine:
+        cmd += ["--pristine"]
     group = None
+    read_ahead = opts.read_ahead if drive is None else drive.read_ahead
+    if cfg.read_ahead_kb is not None:
+        if read_ahead is None:
+            raise ValueError(f"{cfg.name}: read_ahead_kb {cfg.read_ahead_kb}, but no drive to set it on")
+        read_ahead.set(cfg.read_ahead_kb)
     if opts.warm:
         read_through(model)
     if opts.memory_limit is not None:
         from ..llama.cgroup import MemoryCgroup
+        from ..llama.evict import require_evicted
 
+        require_evicted(model, cfg.name)  # before the first token: no expert page resident (exit 1)
         group = MemoryCgroup(f"onebit-bench-{os.getpid()}", opts.memory_limit)  # fresh for every run
         cmd += ["--cgroup", str(group.path)]
+    mount = None if drive is None else drive.mount
+    if mount is not None:
+        cmd += ["--drive-stats", f"{mount.pid}:{mount.stats_path}"]
+        before = mount.stats()
     try:
         out = worker_json(cmd, lib_dir, f"{cfg.name}: the worker failed")
     finally:
         if group is not None:
             group.remove()
-    return Sample(
+    check_build(out, cfg, lib_dir)
+    sample = Sample(
         out["tok_s"],
         out["compute_mib"],
         out["n_layer"],
@@ -118,6 +178,41 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         out["major_faults"],
         out["seconds"],
     )
+    if mount is None:
+        return sample
+    after = mount.stats()
+    run = after.minus(before)
+    drive.runs.append({"name": cfg.name, "limit_bytes": opts.memory_limit or 0, "before": asdict(before),
+                       "after": asdict(after)})  # fmt: skip
+    # FUSE reads bypass the block layer (/proc/self/io reads 0): the bytes the emulator served while it decoded
+    return replace(
+        sample,
+        read_bytes=out["drive_read_bytes"],
+        drive_bytes=run.bytes,
+        drive_cpu_s=run.serve_cpu_s,
+        drive_decode_cpu_s=out["drive_cpu_s"],
+    )
+
+
+def _drive(cfg: Config, opts: BenchOptions) -> DriveRun | None:
+    """The drive a configuration reads the model from (None: the model as given)."""
+    if cfg.drive is None:
+        return None
+    if not opts.drives or cfg.drive not in opts.drives:
+        raise ValueError(f"{cfg.name}: drive {cfg.drive}, but no such drive was set up for the run")
+    return opts.drives[cfg.drive]
+
+
+def check_build(out: dict, cfg: Config, lib_dir: Path) -> None:
+    """WorkerError unless the worker ran the build its row names: the libllama under lib_dir,
+    patched or not as cfg says, and no onebit_* symbol resolved on the unpatched one."""
+    mapped = out.get("libllama")
+    if mapped is not None and Path(mapped).resolve().parent != lib_dir.resolve():
+        raise WorkerError(f"{cfg.name}: the worker mapped {mapped}, not the libllama in {lib_dir}")
+    if out.get("patched") == cfg.pristine:
+        raise WorkerError(f"{cfg.name}: the worker ran the {'patched' if cfg.pristine else 'unpatched'} build")
+    if cfg.pristine and out.get("onebit_symbols"):
+        raise WorkerError(f"{cfg.name}: the unpatched worker resolved {', '.join(out['onebit_symbols'])}")
 
 
 def read_through(path: Path, chunk: int = 8 << 20) -> None:
@@ -136,6 +231,8 @@ def collect(
         order = list(cfgs) if rnd % 2 == 0 else list(reversed(cfgs))
         for cfg in order:
             lib_dir = lib_pristine if cfg.pristine else lib
+            if lib_dir is None:
+                raise NotBuiltError(f"{cfg.name}: no unpatched llama.cpp build; run ./build.sh pristine")
             samples[cfg.name].append(run_one(model, cfg, lib_dir, opts))
             logger.info("round %d/%d %s: %.1f tok/s", rnd + 1, opts.rounds, cfg.name, samples[cfg.name][-1].tok_s)
     return samples

@@ -2,8 +2,18 @@
 
 A prefill, then ``generate`` single-token decodes, timed one by one; with ``cold_method``,
 the expert pages are evicted before every decode (untimed). The worker is started as
-``python -m onebit_predict.commands.bench --worker`` with the patched or the unpatched
-libllama in ``LLAMA_CPP_LIB_PATH``, and prints :func:`run_worker`'s dict as a JSON line.
+``python -m onebit_predict.commands.bench_worker`` (its own entry point, which parses
+:class:`WorkerOptions` from its arguments) with the patched or the unpatched libllama in
+``LLAMA_CPP_LIB_PATH`` (``--pristine`` says which: the unpatched one has no onebit_* symbol, so
+that worker makes its context with plain ``llama_init_from_model``), and prints
+:func:`run_worker`'s dict as a JSON line, with the libllama it mapped and the onebit_* symbols
+it resolved, so that the caller can check it ran the build it was told to.
+
+With ``drive_stats`` (the model on an emulated drive: the emulator's pid and stats file) it takes
+the emulator's counters just before the first timed decode and just after the last
+(drive/emudrive.py ``snapshot``): ``drive_read_bytes`` (the bytes served while it decoded: FUSE
+reads never reach the block layer, so ``read_bytes`` from /proc/self/io is 0 there) and
+``drive_cpu_s`` (the emulator's CPU seconds meanwhile, taken from the cores the decode runs on).
 """
 
 from __future__ import annotations
@@ -34,6 +44,8 @@ class WorkerOptions:
     cold_method: str | None = None
     cgroup: Path | None = None  # --memory-limit: join this memory cgroup first, then drop the model from the page cache
     extra_bufts: bool = True  # llama.cpp's extra buffer types (runner.Model)
+    pristine: bool = False  # LLAMA_CPP_LIB_PATH is the unpatched pin's libllama: no onebit_* call, no knob
+    drive_stats: tuple[int, Path] | None = None  # an emulated drive: its emulator's pid and stats file
 
 
 def detect_eviction(model: Path) -> dict:
@@ -48,10 +60,35 @@ def detect_eviction(model: Path) -> dict:
         return {"method": method, "notes": notes, "expert_bytes": pages.nbytes}
 
 
+def _drive_snapshot(drive_stats: tuple[int, Path] | None):
+    """The emulated drive's counters now (drive/emudrive.py DriveStats), None without one."""
+    if drive_stats is None:
+        return None
+    from ..drive.emudrive import snapshot
+
+    return snapshot(*drive_stats)
+
+
+def mapped_libllama() -> str | None:
+    """The libllama.so this process has mapped (/proc/self/maps), or None where it cannot tell."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    fields = (line.split(None, 5) for line in maps.splitlines())
+    # the file itself, whatever version suffix the build gave it (libllama.so.0.0.N behind the symlink)
+    paths = {f[5] for f in fields if len(f) == 6 and Path(f[5]).name.startswith("libllama.so")}
+    return paths.pop() if len(paths) == 1 else None
+
+
 def run_worker(opts: WorkerOptions) -> dict:
-    """``{"tok_s", "compute_mib", "n_layer", "resident_after_evict"}`` of one run in this process."""
+    """``{"tok_s", "compute_mib", "n_layer", "resident_after_evict", ..., "patched", "libllama",
+    "onebit_symbols"}`` of one run in this process."""
     os.environ["ONEBIT_VERBOSE"] = "1"  # the compute-buffer line is an info log
-    from ..llama.runner import Context, ContextSettings, Model, builtin_tokens
+    from ..llama.runner import Context, ContextSettings, Model, builtin_tokens, onebit_symbols, patched, use_unpatched
+
+    if opts.pristine:
+        use_unpatched()
 
     captured = io.StringIO()
     if opts.cgroup is not None:
@@ -81,6 +118,7 @@ def run_worker(opts: WorkerOptions) -> dict:
             ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
             elapsed = 0.0
             left = 0.0 if pages is not None else None
+            drive0 = _drive_snapshot(opts.drive_stats)
             read0, faults0 = io_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
             for i in range(opts.generate):
                 if pages is not None:
@@ -93,6 +131,7 @@ def run_worker(opts: WorkerOptions) -> dict:
                 elapsed += time.perf_counter() - t0
             read_bytes = io_read_bytes() - read0  # the decoded tokens' reads from the drive, all threads
             major_faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0
+            drive = None if drive0 is None else _drive_snapshot(opts.drive_stats).minus(drive0)
             if pages is not None:
                 pages.close()
     mib = sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(captured.getvalue()))
@@ -104,4 +143,9 @@ def run_worker(opts: WorkerOptions) -> dict:
         "read_bytes": read_bytes,
         "major_faults": major_faults,
         "seconds": elapsed,
+        "drive_read_bytes": None if drive is None else drive.bytes,
+        "drive_cpu_s": None if drive is None else drive.serve_cpu_s,
+        "patched": patched(),
+        "libllama": mapped_libllama(),
+        "onebit_symbols": onebit_symbols(),
     }

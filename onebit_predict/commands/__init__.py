@@ -3,4 +3,20 @@
 Every command goes through :func:`onebit_predict.commands.common.run_command`, which maps
 exceptions to exit codes (0 ok, 1 check failed, 2 usage or input error) and logs to stderr.
 No module outside this package imports argparse.
+
+- ``common``: what every command shares: parent parsers, argument types, the table, the exit codes;
+- ``stats``: ``onebit-stats``: the hit rates of traces (rates), and the door to replay, simulate, plot-memory;
+- ``replay``: ``onebit-stats replay``: an expert cache replayed on a trace;
+- ``simulate``: ``onebit-stats simulate``: the decode-time model of a streamed expert pipeline;
+- ``simulate_out``: how simulate prints the expert model: the tables, ``--json``, ``--csv``;
+- ``simulate_pages``: simulate's page-granular options (``--granularity page``, ``--memory-limit``, ``--measured``);
+- ``plot_memory``: ``onebit-stats plot-memory``: onebit-bench ``--memory-limit`` reports side by side;
+- ``trace``: ``onebit-trace``: record a P/A trace;
+- ``bitident``: ``onebit-bitident``: off against each predictor, byte for byte;
+- ``bench``: ``onebit-bench``: what the predictor costs (warm, ``--cold``, ``--memory-limit``);
+- ``bench_worker``: the worker process of onebit-bench, one configuration's run (not for people);
+- ``tiny``: ``onebit-tiny``: a tiny random MoE model for checks;
+- ``grow``: ``onebit-grow``: grown models, widened, quantized, verified;
+- ``learned``: ``onebit-learned``: which model a learned-predictor sidecar names;
+- ``vocab``: ``python -m onebit_predict.commands.vocab``: give a byte-level GGUF its vocabulary.
 """

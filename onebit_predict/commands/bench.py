@@ -1,8 +1,10 @@
 """``onebit-bench MODEL.gguf [--cold]``: what the predictor costs, side by side (checks/bench.py).
 
 ``--cold`` measures the prefetch consumer with the expert pages evicted before every token
-(checks/bench_cold.py). ``--worker`` (hidden) is the process each configuration runs in
-(checks/worker.py).
+(checks/bench_cold.py), ``--memory-limit`` each run confined to a memory cgroup
+(checks/bench_memory.py). Each configuration runs in a worker process of its own
+(commands/bench_worker.py, started by checks/rounds.py); this parser holds only the user's
+options, and every one of them is checked before the build is looked for.
 
 Exit codes: 0 ok, 1 a run failed, 2 usage or input error (commands/common.py).
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -21,16 +22,19 @@ from pathlib import Path
 
 from ..checks.bench import configs, markdown, measure
 from ..checks.bench_cold import cold_configs, detect_eviction, markdown_cold, measure_cold
+from ..checks.bench_memory import drive_value, require_drives
 from ..checks.rounds import BenchOptions
-from ..checks.worker import WorkerOptions, run_worker
 from ..constants import EXIT_OK
 from ..llama.paths import build_info, pristine_lib_dir
+from ..llama.read_ahead import DriveSetting, read_ahead_value
+from ..moe_check import require_moe_model
 from ..units import parse_size
 from .common import (
     EPILOG,
     UsageError,
     arg_type,
     comma_list,
+    layer_list,
     model_parent,
     output_parent,
     require_file,
@@ -39,6 +43,8 @@ from .common import (
 
 logger = logging.getLogger("onebit_predict")
 PROG = "onebit-bench"
+READ_AHEAD = "--memory-limit: run every configuration at each read_ahead_kb (128,8192) of the model's drive (root)"
+DRIVE = "--memory-limit: run every configuration on each drive: native (the model where it is), nvme, sata (emulated)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -52,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--generate", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--layers", default="1-2", help="the _LAYERS subset of the last configuration")
+    p.add_argument("--layers", type=_layers_text, default="1-2", help="the _LAYERS subset of the last configuration")
     p.add_argument(
         "--text-file",
         type=Path,
@@ -65,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--memory-limit",
-        type=arg_type(comma_list(str)),
+        type=arg_type(comma_list(_limit_text)),
         metavar="LIMITS",
         help="confine each run to a memory cgroup of this size, a share of the model's expert bytes (50%%) "
         "or a size (160MiB), comma-separated; the kernel's reclaim evicts the experts (needs root)",
@@ -76,41 +82,26 @@ def _parser() -> argparse.ArgumentParser:
         default="auto",
         help="--cold: how to evict (auto: the first that works on this machine)",
     )
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--detect", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--cold-method", default=None, help=argparse.SUPPRESS)
-    p.add_argument("--cgroup", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument(
         "--no-extra-bufts",
         action="store_true",
         help="load the weights without llama.cpp's extra buffer types (AMX, repacking): the plain CPU kernels",
     )
-    p.add_argument("--env", default="{}", help=argparse.SUPPRESS)
+    p.add_argument("--read-ahead-kb", type=arg_type(comma_list(read_ahead_value)), metavar="KB", help=READ_AHEAD)
+    p.add_argument("--drive", type=arg_type(comma_list(drive_value)), metavar="DRIVES", help=DRIVE + "; default native")
     return p
 
 
-def _worker(args: argparse.Namespace) -> int:
-    if args.detect:
-        from ..checks.worker import detect_eviction as detect_here
-
-        print(json.dumps(detect_here(args.model)))
-        return EXIT_OK
-    opts = WorkerOptions(
-        args.model,
-        json.loads(args.env),
-        args.prompt,
-        args.generate,
-        args.threads,
-        args.text_file,
-        args.cold_method,
-        args.cgroup,
-        not args.no_extra_bufts,
-    )
-    print(json.dumps(run_worker(opts)))
-    return EXIT_OK
-
-
 def _options(args: argparse.Namespace) -> BenchOptions:
+    """The run's options from the arguments, every one checked before the build is looked for
+    (a usage error is exit 2 with its own message, never "run ./build.sh")."""
+    if args.cold and args.memory_limit:
+        raise UsageError("--cold and --memory-limit are two settings: give one")
+    for flag, given in (("--read-ahead-kb", args.read_ahead_kb), ("--drive", args.drive)):
+        if given and not args.memory_limit:
+            raise UsageError(f"{flag} is a dimension of --memory-limit runs: give --memory-limit too")
+    if args.memory_limit and args.rounds % 2 == 0:
+        raise UsageError(f"--memory-limit takes an odd --rounds (not {args.rounds}): each median a measured run")
     if args.rounds < 1 or args.prompt < 1 or args.generate < 1 or args.threads < 1:
         raise UsageError("--rounds, --prompt, --generate and --threads must be at least 1")
     if args.text_file and (not args.text_file.is_file() or args.text_file.stat().st_size < args.prompt + args.generate):
@@ -169,6 +160,27 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
     return EXIT_OK
 
 
+def _layers_text(text: str) -> str:
+    """--layers: a layer list (common.layer_list's grammar), kept as the text ONEBIT_MOE_PREDICT_LAYERS takes."""
+    layer_list(text)
+    return text
+
+
+def _limit_text(text: str) -> str:
+    """One --memory-limit item, its form checked at parse time (_limits turns it into bytes once
+    the model's expert bytes are known)."""
+    if text == "resident":
+        return text
+    try:
+        if text.endswith("%"):
+            float(text[:-1])
+        else:
+            parse_size(text)
+    except ValueError:
+        raise ValueError(f"'{text}' is neither a share (50%), a size (160MiB) nor resident") from None
+    return text
+
+
 def _limits(texts: list[str], expert_bytes: int) -> list[int]:
     """--memory-limit's bytes: ``50%`` of the expert bytes, a size (``160MiB``), or ``resident``
     (RESIDENT: no limit, the model file read into the page cache before each run)."""
@@ -189,37 +201,35 @@ def _limits(texts: list[str], expert_bytes: int) -> list[int]:
     return out
 
 
-def _memory(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
-    from ..checks.bench_memory import markdown_memory, measure_memory, memory_configs
-    from ..llama.cgroup import MemoryCgroup
-    from ..llama.drive import measure_drive
+def _memory_limits(
+    model: Path, texts: list[str], kb: list[int] | None, drives: list[str] | None
+) -> tuple[int, list[int], DriveSetting]:
+    """(the model's expert bytes, --memory-limit's bytes, its drive and --read-ahead-kb): read from the GGUF
+    and sysfs, no build needed, so that a bad limit, an unwritable read_ahead_kb or an emulated drive that
+    cannot run here (no /dev/fuse, no libfuse3: the emulator built now) is exit 2 before the build."""
     from ..llama.evict import expert_spans
-    from ..models.gguf_keys import arch_value
 
-    expert_bytes = sum(s.size for s in expert_spans(args.model))
-    limits = _limits(args.memory_limit, expert_bytes)
-    for limit in [n for n in limits if n][:1]:
-        MemoryCgroup(f"onebit-bench-probe-{os.getpid()}", limit).remove()  # CgroupError (exit 2) says why not
-    drive = measure_drive(args.model.resolve().parent)
-    with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
-        rows = measure_memory(
-            args.model,
-            memory_configs(Path(tmp), int(arch_value(args.model, "expert_count"))),
-            lib,
-            opts,
-            limits,
-            drive.bandwidth_mb_s,
-        )
+    expert_bytes = sum(s.size for s in expert_spans(model))
+    limits = _limits(texts, expert_bytes)
+    require_drives(drives)
+    return expert_bytes, limits, DriveSetting.of(model, kb if not drives or "native" in drives else None)
+
+
+def _memory(
+    args: argparse.Namespace, opts: BenchOptions, lib: Path, expert_bytes: int, limits: list[int], setting: DriveSetting
+) -> int:
+    from ..checks.bench_memory import markdown_memory, run_memory
+
+    rows, extra, words = run_memory(args.model, opts, lib, limits, setting, args.drive, args.read_ahead_kb)
     if args.json:
-        extra = {"expert_bytes": expert_bytes, "drive": asdict(drive), "memory_limits": limits}
-        print(json.dumps(_run_json(args.model, opts, rows) | extra, indent=2))
+        print(json.dumps(_run_json(args.model, opts, rows) | {"expert_bytes": expert_bytes} | extra, indent=2))
         return EXIT_OK
     print(
         markdown_memory(
             rows,
             f"model {args.model.name} ({expert_bytes / 2**20:.0f} MiB of expert weights), each run in a memory "
             f"cgroup, {opts.rounds} alternating rounds, prompt {opts.prompt}, {opts.generate} decoded tokens, "
-            f"{opts.threads} threads; drive {drive.bandwidth_mb_s:.0f} MB/s sequential",
+            f"{opts.threads} threads; {words}",
         )
     )
     return EXIT_OK
@@ -239,16 +249,16 @@ def _run_json(model: Path, opts: BenchOptions, rows: list) -> dict:
 
 def _run(args: argparse.Namespace) -> int:
     require_file(args.model)
-    if args.worker:
-        return _worker(args)
     opts = _options(args)
-    info = build_info()
-    if args.cold and args.memory_limit:
-        raise UsageError("--cold and --memory-limit are two settings: give one")
+    require_moe_model(args.model)
+    memory = (
+        _memory_limits(args.model, args.memory_limit, args.read_ahead_kb, args.drive) if args.memory_limit else None
+    )
+    info = build_info()  # every argument checked: only now is a missing build the error
     if args.cold:
         return _cold(args, opts, info.lib_dir)
-    if args.memory_limit:
-        return _memory(args, opts, info.lib_dir)
+    if memory is not None:
+        return _memory(args, opts, info.lib_dir, *memory)
     pristine = pristine_lib_dir()
     with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
         cfgs = configs(Path(tmp), args.layers)
@@ -257,12 +267,7 @@ def _run(args: argparse.Namespace) -> int:
             cfgs = [c for c in cfgs if not c.pristine]
         rows = measure(args.model, cfgs, info.lib_dir, pristine, opts)
     if args.json:
-        print(
-            json.dumps(
-                _run_json(args.model, opts, rows),
-                indent=2,
-            )
-        )
+        print(json.dumps(_run_json(args.model, opts, rows), indent=2))
     else:
         print(
             markdown(

@@ -4,7 +4,8 @@ Prints one line per scenario and mode and the verdict; ``--json`` for machines. 
 passes when every logits row is byte-identical to the run with the predictor off and its
 trace shows a prediction for every routed row of every predicted layer.
 
-Exit codes: 0 identical, 1 different (or nothing predicted), 2 usage or input error
+Exit codes: 0 identical, 1 different (or nothing predicted, or a trace that could not be
+written whole: ``FAILED: writing the trace failed: ...``), 2 usage or input error
 (commands/common.py).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from ..checks.bitident import MODES, SCENARIOS, ModeResult, check_model, split_mode
 from ..constants import ENV_ALL, EXIT_CHECK_FAILED, EXIT_OK
 from ..llama.runner import Model
+from ..moe_check import require_moe_model
 from .common import UsageError, model_parent, output_parent, require_file, run_command
 
 PROG = "onebit-bitident"
@@ -100,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     by_name = {s.name: s for s in SCENARIOS}
     names = _scenario_names(args.scenarios)
     require_file(args.model)
+    require_moe_model(args.model)
     if args.keep_traces:
         args.keep_traces.mkdir(parents=True, exist_ok=True)
     inherited = sorted(k for k in ENV_ALL if k in os.environ)

@@ -29,11 +29,11 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..cache.expert_bytes import ModelError
-from ..cache.plot import PlotUnavailable
 from ..checks.bench_memory import OracleMismatch
 from ..checks.rounds import WorkerError
 from ..constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, LFRU_WINDOW_DEFAULT
+from ..costmodel.plot import PlotUnavailable
+from ..gguf_experts import ModelError
 from ..llama.cgroup import CgroupError
 from ..llama.drive import DriveError
 from ..llama.evict import EvictError

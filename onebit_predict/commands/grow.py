@@ -7,7 +7,7 @@ F32 one with the patched ``llama-quantize`` (Q8_0, Q4_K_M) and caches every outp
 ``$ONEBIT_CACHE/grown/<source sha256>/`` (or ``--out-dir``) with a JSON manifest (sha256,
 sizes, the fallback types llama-quantize chose). ``--check-determinism`` makes each output
 a second time and compares sha256; ``--verify`` runs each against the original on the
-held-out text (models/verify.py): routing row for row and the logits' NMSE.
+held-out text (grow/verify.py): routing row for row and the logits' NMSE.
 
 Exit codes: 0 ok, 1 a check failed (determinism, the predicted sizes, llama-quantize, the
 F32/F16 proof), 2 usage or input error (a model that cannot be grown, no build, no
@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from ..constants import EXIT_CHECK_FAILED, EXIT_OK
-from ..models.grow import MIB, QUANT_TYPES, TYPES, describe_sizes, width_for
-from ..models.quantize import QuantizeFailed, quantize_binary
-from ..models.store import Store
-from ..models.verify import NMSE_EXACT, Verifier, heldout_tokens, reference
+from ..grow.grow import MIB, QUANT_TYPES, TYPES, describe_sizes, width_for
+from ..grow.quantize import QuantizeFailed, quantize_binary
+from ..grow.store import Store
+from ..grow.verify import NMSE_EXACT, Verifier, heldout_tokens, reference
+from ..moe_check import require_moe_model
 from .common import (
     EPILOG,
     CheckFailed,
@@ -110,7 +111,7 @@ def _widths(args: argparse.Namespace, store: Store) -> list[tuple[float | None, 
 def _verify(row: dict[str, Any], verifier: Verifier, store: Store, path: Path) -> bool:
     """Fill row['verify']; False when the F32/F16 proof fails (quantized: reported only)."""
     kind = row["type"]
-    extra_bufts = kind not in QUANT_TYPES  # quantized: no AMX (models/verify.py)
+    extra_bufts = kind not in QUANT_TYPES  # quantized: no AMX (grow/verify.py)
     against = verifier.compare(store.source, path, extra_bufts)
     ref, strict = reference(store, kind)
     same = verifier.compare(ref, path, extra_bufts)
@@ -162,7 +163,7 @@ def _rows(args: argparse.Namespace, store: Store) -> tuple[list[dict[str, Any]],
                 "fallbacks": m.get("fallback_summary", []),
             }
             if not m["expert_bytes_predicted_match"]:
-                failures.append(f"{out.path.name}: expert bytes differ from the prediction (models/grow.py)")
+                failures.append(f"{out.path.name}: expert bytes differ from the prediction (grow/grow.py)")
             if args.check_determinism:
                 same, again = store.check_determinism(width, kind)
                 row["deterministic"] = same
@@ -209,6 +210,7 @@ def _run(args: argparse.Namespace) -> int:
     require_file(args.model)
     if args.prefill >= args.verify_bytes:
         raise UsageError(f"--prefill {args.prefill} must be below --verify-bytes {args.verify_bytes}")
+    require_moe_model(args.model)
     if any(k in QUANT_TYPES for k in args.types):
         quantize_binary()  # before minutes of growing: exit 2 naming the path tried
     store = Store(args.model, args.out_dir, args.threads)

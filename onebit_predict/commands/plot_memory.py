@@ -21,7 +21,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache.measured import OFF, Measured, MeasuredRow, load_measured
+from ..costmodel.measured import Measured, MeasuredRow, load_measured
+from ..costmodel.row_config import RowConfig
 from .common import UsageError, fmt
 
 logger = logging.getLogger("onebit_predict")
@@ -59,7 +60,7 @@ def _size(report: Measured) -> Size:
     path = Path(report.model)
     if path.is_file():
         try:
-            from ..cache.expert_bytes import expert_bytes_from_gguf
+            from ..costmodel.expert_bytes import expert_bytes_from_gguf
 
             per_layer, _ = expert_bytes_from_gguf(path)
             per = sum(per_layer.values()) / len(per_layer)
@@ -122,7 +123,7 @@ def table_rows(reports: list[Measured]) -> list[TableRow]:
         limits = sorted({r.limit_bytes or 0 for r in rep.rows}, key=lambda x: (x != 0, -x))
         for limit in limits:
             here = [r for r in rep.rows if (r.limit_bytes or 0) == limit]
-            off = next((r.tok_s for r in here if r.name == OFF), None)
+            off = next((r.tok_s for r in here if r.config == RowConfig()), None)  # patched off
             out += [TableRow(size, r, off) for r in here]
     return out
 
@@ -156,7 +157,7 @@ def _series(rows: list[TableRow]) -> tuple[list, dict[str, float]]:
 
 def run(args: argparse.Namespace) -> int:
     if args.png is not None:
-        from ..cache.plot import require_matplotlib
+        from ..costmodel.plot import require_matplotlib
 
         require_matplotlib("--png")
     reports = [load_measured(p) for p in args.reports]
@@ -175,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(markdown(rows))
     if args.png is not None:
-        from ..cache.plot import plot_memory
+        from ..costmodel.plot import plot_memory
 
         series, resident_at = _series(rows)
         title = args.title or "decode tok/s under a memory limit: " + ", ".join(

@@ -1,7 +1,7 @@
 """``onebit-stats replay TRACE --slots N[,N...] --policy lru|lfru|belady[,...] [--prefetch none|trace|protect]``.
 
 Per-layer expert-cache hit rates of a trace's decode routing with N slots per layer
-(cache/replay.py; the rules in docs/cost-model.md). ``--prefetch trace`` prefetches
+(costmodel/replay.py; the rules in docs/cost-model.md). ``--prefetch trace`` prefetches
 the trace's predictions (charged: a prefetch takes a slot and counts as a read),
 ``--prefetch protect`` only spares them from eviction (free). ``belady`` is the offline
 optimum of demand caching: the ceiling of the other policies without prefetch. ``--cold``
@@ -21,9 +21,9 @@ import json
 import logging
 import sys
 
-from ..cache.replay import CacheConfig, ReplayResult, replay
-from ..cache.routing import Routing, load_routing
 from ..constants import EXIT_OK, REPLAY_POLICIES, REPLAY_PREFETCH_MODES
+from ..costmodel.replay import CacheConfig, ReplayResult, replay
+from ..costmodel.routing import Routing, load_routing
 from ..trace import Trace
 from .common import (
     UsageError,

@@ -3,8 +3,11 @@
 The weights are random: these models are for bit-identity and plumbing checks, never for
 hit-rate figures.
 
-Exit codes: 0 ok, 1 the build's tool failed, 2 usage or input error (no patched build
-included; commands/common.py).
+The model is written under a temporary name and renamed onto ``--out`` only once it reads
+back whole: on a full disk nothing is left under ``--out``.
+
+Exit codes: 0 ok, 1 the build's tool failed or the model could not be written whole (the
+reason is named), 2 usage or input error (no patched build included; commands/common.py).
 """
 
 from __future__ import annotations

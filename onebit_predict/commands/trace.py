@@ -4,8 +4,17 @@ Runs a model on the patched llama.cpp with the predictor's environment set for t
 context: a prefill of the prompt, then ``--generate`` greedy tokens one at a time, and
 writes the trace (docs/trace-format.md). ``--stats`` prints ``onebit-stats`` on it.
 
-Exit codes: 0 ok, 1 the consistency control of ``--stats`` failed, 2 usage or input error
-(no patched build and a model llama.cpp refuses included; commands/common.py).
+The predictor's knobs (``--depth``, ``--margin``, ``--min``, ``--ahead``, ``--layers``) are
+read by the policy's own parser (policy.py, the twin of llama.cpp's), each alone as llama.cpp's
+``--moe-predict-*`` flags read them: a value the policy would warn about and replace (``--ahead
+4``, ``--depth abc``, ``--margin nan``) is a usage error with the policy's words, as it is for
+llama.cpp's tools. The trace is written under a temporary name and renamed onto ``--out`` only
+when the context has been freed and its header says it is whole (llama/record.py).
+
+Exit codes: 0 ok, 1 no whole trace was written (none at all, an INCOMPLETE one, or one whose
+header is still OPEN; nothing is left under ``--out``) or the consistency control of ``--stats``
+failed, 2 usage or input error (a bad knob, a dense or malformed model, no patched build and a
+model llama.cpp refuses included; commands/common.py).
 """
 
 from __future__ import annotations
@@ -16,13 +25,31 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..constants import ENV_AHEAD, ENV_DEPTH, ENV_LAYERS, ENV_LEARNED, ENV_MARGIN, ENV_MIN, ENV_NO_ATTN, EXIT_OK
-from ..llama.record import PredictorKnobs, Prompt, RecordOptions, record
+from ..constants import (
+    ENV_AHEAD,
+    ENV_DEPTH,
+    ENV_LAYERS,
+    ENV_LEARNED,
+    ENV_MARGIN,
+    ENV_MIN,
+    ENV_NO_ATTN,
+    EXIT_OK,
+    MAX_LAYERS,
+)
+from ..llama.record import PredictorKnobs, Prompt, RecordOptions, TraceNotWritten, record
+from ..moe_check import require_moe_model
+from ..policy import Env, parse_policy
 from . import stats
-from .common import EPILOG, UsageError, model_parent, require_file, run_command
+from .common import EPILOG, CheckFailed, UsageError, model_parent, require_file, run_command
 
 logger = logging.getLogger("onebit_predict")
 PROG = "onebit-trace"
+# the knobs read by the policy's parser: option (and args attribute) -> its field of policy.Env
+KNOBS = {"depth": "depth", "margin": "margin", "min": "min", "ahead": "ahead", "layers": "layers"}
+# dimensions no value can exceed, so that only a value's own problems are reported (the C API's
+# onebit_moe_params_check, behind llama.cpp's --moe-predict-* flags, parses with the same; a depth
+# above the model's n_expert is clamped with a warning naming it when the context is created)
+_ANY_EXPERTS = 2**31 - 1
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,8 +93,30 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def knob_problem(option: str, value: str) -> str | None:
+    """Why ``--OPTION VALUE`` is refused, or None: the policy's first warning for that knob alone.
+
+    The same verdict and words as llama.cpp's ``--moe-predict-*`` flag (common/onebit-args.cpp):
+    an empty value is refused, and a value the policy would warn about and replace by a default
+    or clamp is refused with the warning up to its ``;`` (what the fallback would have done).
+    """
+    if not value:
+        return f"invalid value for --{option}: ''"
+    _, warnings = parse_policy(Env(**{KNOBS[option]: value}), MAX_LAYERS, _ANY_EXPERTS, _ANY_EXPERTS)
+    if not warnings:
+        return None
+    why = warnings[0].split(";")[0].split("\n")[0]  # the warning without its fallback, as C++ cuts it
+    return f"invalid value for --{option}: '{value}' ({why})"
+
+
 def _check(args: argparse.Namespace) -> None:
-    """UsageError on out-of-range numbers and inputs that do not exist."""
+    """UsageError on out-of-range numbers, knobs the policy would not take as given, and inputs
+    that do not exist; ModelError (exit 2) for a model that is not MoE."""
+    for option in KNOBS:
+        value = getattr(args, option)
+        problem = None if value is None else knob_problem(option, value)
+        if problem is not None:
+            raise UsageError(problem)
     for name in ("generate", "ctx", "ubatch", "threads"):
         if getattr(args, name) < (0 if name == "generate" else 1):
             raise UsageError(f"--{name} {getattr(args, name)} is out of range")
@@ -76,7 +125,10 @@ def _check(args: argparse.Namespace) -> None:
     for name in ("window", "prefill", "tokens"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UsageError(f"--{name} must be at least 1")
+    if args.out.is_dir():
+        raise UsageError(f"--out {args.out} is a directory")
     require_file(args.model)
+    require_moe_model(args.model)  # a dense model writes no trace; malformed MoE keys abort llama.cpp
     if args.prompt_file:
         require_file(args.prompt_file)
     if (args.mode == "learned") != (args.learned is not None):
@@ -113,7 +165,10 @@ def options(args: argparse.Namespace) -> RecordOptions:
 
 def _run(args: argparse.Namespace) -> int:
     _check(args)
-    n = record(options(args), _progress)
+    try:
+        n = record(options(args), _progress)
+    except TraceNotWritten as e:
+        raise CheckFailed(str(e)) from None
     logger.info("%d tokens, trace %s", n, args.out)
     if args.stats:
         return stats.main([str(args.out)])

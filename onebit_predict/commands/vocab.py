@@ -1,6 +1,6 @@
 """``python -m onebit_predict.commands.vocab IN.gguf OUT.gguf [--strip]``: give a byte-level GGUF
 (token id = byte value, id 256 = end of file) the RWKV byte vocabulary, or take it away
-(onebit_predict/models/vocab.py says what it writes).
+(onebit_predict/grow/vocab.py says what it writes).
 
 Exit codes: 0 ok, 2 usage or input error (commands/common.py).
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..constants import EXIT_OK
-from ..models.vocab import N_VOCAB, add_byte_vocab, strip_vocab
+from ..grow.vocab import N_VOCAB, add_byte_vocab, strip_vocab
 from .common import run_command
 
 PROG = "onebit-vocab"

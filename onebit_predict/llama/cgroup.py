@@ -5,7 +5,8 @@ Detects cgroup v1 (``/sys/fs/cgroup/memory``, ``memory.limit_in_bytes``) or v2 (
 controller in ``/sys/fs/cgroup/cgroup.controllers``, ``memory.max``); where neither can be
 used (not root, not mounted, no memory controller) :class:`CgroupError` says why. The page
 cache of a file is charged to the group that first touched its pages, so the worker drops
-the model file from the page cache once it has joined its group.
+the model file from the page cache once it has joined its group, and checks with mincore that
+no expert page of it is left (:func:`drop_from_page_cache`).
 """
 
 from __future__ import annotations
@@ -53,12 +54,12 @@ def join(path: Path) -> None:
 
 
 def drop_from_page_cache(path: Path) -> None:
-    """Drop ``path``'s clean pages from the page cache (so this process's group reads them anew)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
+    """Drop ``path`` from the page cache (so this process's group reads it anew) and prove it: no
+    expert page of the model left resident before the model is mapped (llama/evict.py
+    ``require_evicted``: EvictionNotHeld, exit 1, where one is)."""
+    from .evict import require_evicted
+
+    require_evicted(path, f"pid {os.getpid()}, in its memory cgroup")
 
 
 def io_read_bytes() -> int:

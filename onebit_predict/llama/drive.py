@@ -5,7 +5,8 @@ What `onebit-bench --cold` measures against, and what `onebit-stats simulate` ne
 the model (so it is on the same filesystem), written back and dropped from the page cache
 (posix_fadvise DONTNEED), then read: once sequentially in 1 MiB reads (bandwidth), once as
 single 4 KiB preads at random page-aligned offsets, one at a time (latency at queue depth 1).
-The file is removed afterwards.
+The file is removed afterwards. :func:`device_read_ahead_kb` reads the readahead of the device
+holding a file on this machine (the page model's read-around window, costmodel/kernel.py).
 """
 
 from __future__ import annotations
@@ -68,3 +69,15 @@ def measure_drive(directory: Path, size: int = SCRATCH_BYTES, seed: int = 0) -> 
     except OSError as exc:
         raise DriveError(f"cannot measure the drive under {directory}: {exc}") from None
     return DriveFigures(str(directory), size / seq_s / 1e6, rand_s / N_RANDOM_READS * 1e6)
+
+
+def device_read_ahead_kb(path: str | Path) -> int | None:
+    """read_ahead_kb of the block device holding ``path`` on this machine (None when unknown): what a
+    major fault's read-around window is made of (the page model, costmodel/kernel.py). The device as
+    llama/read_ahead.py ``block_device`` finds it (the whole disk for a partition)."""
+    from .read_ahead import ReadAheadError, block_device
+
+    try:
+        return block_device(path).read_ahead_kb
+    except ReadAheadError:
+        return None

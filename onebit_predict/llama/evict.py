@@ -4,7 +4,8 @@ The bundled models fit in memory many times over, so a benchmark of the prefetch
 must make every token read its experts from the drive, as it would for a model that does
 not fit. In the process that runs llama.cpp, this module finds the GGUF's mapping in
 ``/proc/self/maps`` (llama.cpp maps the whole file from offset 0), the byte ranges of every
-routed-expert tensor (``blk.N.ffn_{gate,up,gate_up,down}_exps``, from the GGUF), and:
+routed-expert tensor (``blk.N.ffn_{gate,up,gate_up,down}_exps``, read by onebit_predict/gguf_experts.py),
+and:
 
 - marks them ``MADV_RANDOM``, so a fault reads the page it needs rather than a readahead
   window holding the neighbouring experts too (which would make every prediction look free);
@@ -13,6 +14,11 @@ routed-expert tensor (``blk.N.ffn_{gate,up,gate_up,down}_exps``, from the GGUF),
   to unmap, then ``posix_fadvise(POSIX_FADV_DONTNEED)`` to drop the page cache) or ``pageout``
   (``madvise(MADV_PAGEOUT)``, Linux 5.4+, which skips pages it finds busy);
 - measures how much of them is resident (``mincore``), to prove the eviction worked.
+
+:func:`require_evicted` is the same proof for a file no process maps yet (onebit-bench
+--memory-limit, before each run's first token): the file dropped from the page cache, no expert
+page of it may be left resident (:func:`resident_expert_bytes`, mincore on a mapping of its own),
+else :class:`EvictionNotHeld` (exit 1) names the run and the bytes.
 
 Linux only; everything else raises EvictError with the reason.
 """
@@ -23,11 +29,12 @@ import ctypes
 import mmap
 import os
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..cache.expert_bytes import EXPERT_TENSOR
+from ..gguf_experts import ModelError, read_experts
 
 MADV_RANDOM = 1
 MADV_DONTNEED = 4
@@ -46,6 +53,10 @@ class EvictError(RuntimeError):
     """The expert pages cannot be located or evicted on this machine."""
 
 
+class EvictionNotHeld(EvictError):
+    """Expert pages of the model were resident as a run that must start with none began (exit 1)."""
+
+
 @dataclass(frozen=True)
 class Span:
     """A page-aligned byte range of the file: [start, start + size)."""
@@ -56,12 +67,10 @@ class Span:
 
 def expert_spans(gguf_path: Path) -> list[Span]:
     """The page-aligned file ranges of the routed-expert tensors, merged where they touch."""
-    import gguf  # noqa: PLC0415 - heavy import, only where needed
-
-    reader = gguf.GGUFReader(gguf_path)
-    raw = sorted((int(t.data_offset), int(t.n_bytes)) for t in reader.tensors if EXPERT_TENSOR.match(t.name))
-    if not raw:
-        raise EvictError(f"{gguf_path}: no routed-expert tensors (blk.N.ffn_*_exps)")
+    try:
+        raw = read_experts(gguf_path).spans()
+    except ModelError as e:
+        raise EvictError(str(e)) from None
     spans: list[Span] = []
     for off, n in raw:
         start = off // PAGE * PAGE
@@ -200,3 +209,73 @@ class ExpertPages:
             else ""
         )
         raise EvictError("no eviction method works here: " + "; ".join(notes) + hint)
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte))
+    return libc
+
+
+def resident_expert_bytes(gguf_path: Path, spans: Sequence[Span]) -> int:
+    """The bytes of the expert pages ``spans`` (:func:`expert_spans`) of ``gguf_path`` in the page cache
+    now: mincore on a mapping of its own, which faults nothing in (a file mapping's mincore reads the
+    page cache). The spans are read first, apart: reading a GGUF's header faults it in through a
+    mapping, and the fault's read-around (2 x read_ahead_kb) brings in the pages around it."""
+    libc = _libc()
+    fd = os.open(gguf_path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            err = ctypes.get_errno()
+            raise EvictError(f"mmap of {gguf_path} failed: {os.strerror(err)} (errno {err})")
+        try:
+            resident = 0
+            for s in spans:
+                n = -(-min(s.size, size - s.start) // PAGE)
+                vec = (ctypes.c_ubyte * n)()
+                if libc.mincore(addr + s.start, n * PAGE, vec) != 0:
+                    err = ctypes.get_errno()
+                    raise EvictError(f"mincore failed: {os.strerror(err)} (errno {err})")
+                resident += sum(b & 1 for b in vec)
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return resident * PAGE
+
+
+def drop_file(path: Path) -> None:
+    """Drop ``path``'s pages from the page cache (written back first: a dirty page is not dropped)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def require_evicted(gguf_path: Path, what: str, tries: int = 5, wait_s: float = 0.1) -> None:
+    """Drop the file from the page cache and prove it: no expert page of it resident (mincore), after
+    up to ``tries`` drops ``wait_s`` apart (a process that just exited may still be unmapping it);
+    else EvictionNotHeld naming ``what`` (the run) and the resident bytes."""
+    spans = expert_spans(gguf_path)  # before the drop: reading the header brings pages in (above)
+    total = sum(s.size for s in spans)
+    for i in range(tries):
+        drop_file(gguf_path)
+        left = resident_expert_bytes(gguf_path, spans)
+        if left == 0:
+            return
+        if i + 1 < tries:
+            time.sleep(wait_s)
+    fstype = filesystem_type(gguf_path)
+    why = f"{fstype} keeps its pages in memory" if fstype in MEMORY_FILESYSTEMS else "another process mapping it?"
+    raise EvictionNotHeld(
+        f"{what}: {left} bytes ({left / 2**20:.1f} MiB, {100 * left / total:.1f} %) of {Path(gguf_path).name}'s "
+        f"expert pages resident before its first token, after {tries} drops from the page cache ({why}): the "
+        "eviction did not hold, the run would start warm; refused"
+    )

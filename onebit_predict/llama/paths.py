@@ -1,9 +1,10 @@
 """Where the patched llama.cpp build lives, as build.sh recorded it.
 
 build.sh writes ``build/current.env`` in the checkout (KEY=VALUE lines: ``LLAMA_TREE``,
-``LLAMA_BUILD_DIR``, ``LLAMA_LIB_DIR``). Environment variables of the same names win,
-and ``LLAMA_CPP_LIB_PATH`` (llama-cpp-python's own variable) overrides the library dir.
-``ONEBIT_LLAMA_TREE`` names a patched source tree for the checks that need no build.
+``LLAMA_BUILD_DIR``, ``LLAMA_LIB_DIR``; ``PRISTINE_LIB_DIR`` after ``./build.sh pristine``,
+the unpatched pin's libllama for onebit-bench's side-by-side row). Environment variables of
+the same names win, and ``LLAMA_CPP_LIB_PATH`` (llama-cpp-python's own variable) overrides the
+library dir. ``ONEBIT_LLAMA_TREE`` names a patched source tree for the checks that need no build.
 """
 
 from __future__ import annotations
@@ -66,9 +67,12 @@ def llama_tree() -> Path:
 
 
 def pristine_lib_dir() -> Path | None:
-    """The unpatched pin's libllama dir (``./build.sh pristine``), or None if it was not built."""
+    """The unpatched pin's libllama dir (``./build.sh pristine``), or None if it was not built
+    (or its libllama.so is gone)."""
     value = _read_env_file(CURRENT_ENV).get("PRISTINE_LIB_DIR")
-    return Path(value) if value else None
+    if not value or not (Path(value) / "libllama.so").is_file():
+        return None
+    return Path(value)
 
 
 def use_patched_libllama() -> BuildInfo:
@@ -77,3 +81,16 @@ def use_patched_libllama() -> BuildInfo:
     if not os.environ.get("LLAMA_CPP_LIB_PATH"):  # unset or empty: an empty value would make llama_cpp look in "."
         os.environ["LLAMA_CPP_LIB_PATH"] = str(info.lib_dir)
     return info
+
+
+def use_pristine_libllama() -> Path:
+    """Point llama-cpp-python at the unpatched pin's libllama (call before importing llama_cpp);
+    its directory. ``LLAMA_CPP_LIB_PATH`` wins (onebit-bench's worker is started with it); else
+    the one ``./build.sh pristine`` recorded; NotBuiltError if there is neither."""
+    if os.environ.get("LLAMA_CPP_LIB_PATH"):
+        return Path(os.environ["LLAMA_CPP_LIB_PATH"])
+    lib_dir = pristine_lib_dir()
+    if lib_dir is None:
+        raise NotBuiltError(f"no unpatched llama.cpp build recorded in {CURRENT_ENV}; run ./build.sh pristine")
+    os.environ["LLAMA_CPP_LIB_PATH"] = str(lib_dir)
+    return lib_dir

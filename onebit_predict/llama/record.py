@@ -5,16 +5,23 @@ prefill of the prompt (or of its first ``prefill`` tokens, the rest decoded one 
 teacher-forced), then ``generate`` greedy tokens one at a time; with ``window``, the prompt
 is cut into windows each run as a fresh sequence from position 0. The trace format is
 docs/trace-format.md.
+
+The trace is written under a temporary name next to ``out`` and renamed onto it only once
+the context is freed and the file is whole (``trace_written.written_problem``): a run that fails,
+is interrupted or writes an incomplete trace leaves no file, and no old one replaced, under
+the final name.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import fsync_file, temp_name
 from ..constants import (
     ENV_AHEAD,
     ENV_DEPTH,
@@ -27,10 +34,16 @@ from ..constants import (
     ENV_OUT,
     ENV_STATS,
 )
+from ..trace_written import written_problem
 from .runner import Context, ContextSettings, Model, builtin_tokens
 
 Progress = Callable[[int, int], None]  # (tokens decoded one by one so far, their total)
 DEFAULT_PROMPT_TOKENS = 64  # the built-in stream's length when no prompt is given
+
+
+class TraceNotWritten(RuntimeError):
+    """The run ended but its trace is missing or not whole (``trace_written.written_problem``); nothing was
+    left under the final name."""
 
 
 @dataclass(frozen=True)
@@ -118,8 +131,30 @@ def _run_window(
 def record(opts: RecordOptions, progress: Progress = lambda done, total: None) -> int:
     """Run the prefill and the decodes with the trace switched on; return the tokens run.
 
-    ValueError when the prompt does not fit (no tokens, longer than ``ctx``).
+    The trace goes to a temporary name and is renamed onto ``opts.out`` when it is whole.
+    ValueError when the prompt does not fit (no tokens, longer than ``ctx``); TraceNotWritten
+    when the trace is missing, incomplete or not closed cleanly (the temporary file removed).
     """
+    opts.out.parent.mkdir(parents=True, exist_ok=True)
+    # not created here (atomic.atomic_path would): a file libllama never created is "no trace written"
+    tmp = temp_name(opts.out)
+    try:
+        n = _record(opts, tmp, progress)
+        problem = written_problem(tmp, opts.out)  # the context is freed: its header says whether it is whole
+        if problem is not None:
+            raise TraceNotWritten(problem)
+        try:
+            fsync_file(tmp)  # a full disk can still refuse the data here
+        except OSError as e:
+            raise TraceNotWritten(f"writing the trace failed: {opts.out}: {e}") from None
+        os.replace(tmp, opts.out)
+    finally:
+        tmp.unlink(missing_ok=True)  # a failure of any kind (an interrupt too) leaves no half file
+    return n
+
+
+def _record(opts: RecordOptions, trace: Path, progress: Progress) -> int:
+    """record(), the trace written to ``trace``."""
     with Model(opts.model) as model:
         prompt = prompt_tokens(opts.prompt, model)
         if not prompt:
@@ -135,11 +170,10 @@ def record(opts: RecordOptions, progress: Progress = lambda done, total: None) -
         settings = ContextSettings(
             n_ctx=opts.ctx, n_batch=max(len(w) for w in windows), n_ubatch=opts.ubatch, n_threads=opts.threads
         )
-        opts.out.parent.mkdir(parents=True, exist_ok=True)
         pre = [len(w) if opts.prefill is None else min(opts.prefill, len(w)) for w in windows]
         total = sum(len(w) - p + opts.generate for w, p in zip(windows, pre))
         done = 0
-        with Context(model, settings, opts.knobs.env(opts.out)) as ctx:
+        with Context(model, settings, opts.knobs.env(trace)) as ctx:
             for i, (window, n_pre) in enumerate(zip(windows, pre)):
                 if i > 0:
                     ctx.clear_memory()

@@ -6,6 +6,11 @@ off, state save/restore, and logits read back as raw bytes. A context's predicto
 keyed by their ONEBIT_* variable names, go through the C API (moe_api.py,
 ``onebit_init_from_model``): a knob given (None: its default) wins over the process
 environment, which is never read or written here; a knob not given falls back to it.
+
+A process loads one libllama: the patched build, or, after :func:`use_unpatched` (onebit-bench's
+"unpatched pin" row), the unpatched pin's (``./build.sh pristine``). That one has no onebit_*
+symbol, so the runner never looks one up there: its contexts come from plain
+``llama_init_from_model``, and a context asked for any predictor knob is refused.
 """
 
 from __future__ import annotations
@@ -21,22 +26,49 @@ from typing import Any
 import numpy as np
 
 from .moe_api import bind, moe_params
-from .paths import use_patched_libllama
+from .paths import use_patched_libllama, use_pristine_libllama
 
 _llama: Any = None
 _log_callback: Any = None  # kept referenced: llama.cpp calls it for the life of the process
-_init_from_model: Any = None  # onebit_init_from_model, bound on first use
+_init_from_model: Any = None  # onebit_init_from_model, bound on first use (patched build only)
+_patched = True  # which build llama() loads: decided before it loads, never probed from the library
 
 
 class RunError(RuntimeError):
     """llama.cpp refused a model, a context or a batch."""
 
 
+def use_unpatched() -> None:
+    """Load the unpatched pin's libllama instead of the patched one (before the first
+    :func:`llama`): this process then takes no onebit_* call at all."""
+    global _patched
+    if _llama is not None and _patched:
+        raise RuntimeError("the patched libllama is already loaded in this process")
+    _patched = False
+
+
+def patched() -> bool:
+    """Whether this process runs the patched libllama (the default) rather than the unpatched pin's."""
+    return _patched
+
+
+def onebit_symbols() -> list[str]:
+    """The onebit_* functions this process resolved in the loaded libllama (ctypes keeps each
+    function an attribute lookup resolved on the library object); none on the unpatched build."""
+    if _llama is None:
+        return []
+    return sorted(name for name in vars(_llama.llama_cpp._lib) if name.startswith("onebit"))
+
+
 def llama() -> Any:
-    """The llama_cpp module, loaded against the patched libllama (once)."""
+    """The llama_cpp module, loaded against the patched libllama, or the unpatched pin's after
+    :func:`use_unpatched` (once)."""
     global _llama, _log_callback
     if _llama is None:
-        use_patched_libllama()
+        if _patched:
+            use_patched_libllama()
+        else:
+            use_pristine_libllama()
         import llama_cpp  # noqa: PLC0415 - must follow LLAMA_CPP_LIB_PATH
 
         _llama = llama_cpp
@@ -119,6 +151,15 @@ class Model:
         self.close()
 
 
+def refuse_knobs(env: Mapping[str, str | None]) -> None:
+    """RunError if env asks the unpatched libllama for a predictor knob: it has none, so the
+    run would silently measure plain llama.cpp under that knob's name. Absent, None, ``""``
+    (the default) and ``off`` pass."""
+    asked = sorted(f"{k}={v}" for k, v in env.items() if v not in (None, "", "off"))
+    if asked:
+        raise RunError(f"the unpatched libllama has no predictor: it cannot run {', '.join(asked)}")
+
+
 class Context:
     """A llama.cpp context; :meth:`decode` returns the logits of the rows asked for, as bytes."""
 
@@ -134,10 +175,20 @@ class Context:
         params.flash_attn_type = 1 if settings.flash_attn else 0  # LLAMA_FLASH_ATTN_TYPE_ENABLED / DISABLED
         params.no_perf = True
         global _init_from_model
-        if _init_from_model is None:
-            _init_from_model = bind(lib)
-        moe = moe_params(env)  # the settings go through the C API: the process environment is never touched
-        self.ptr = _init_from_model(model.ptr, params, ctypes.byref(moe))
+        if _patched:
+            if _init_from_model is None:
+                try:
+                    _init_from_model = bind(lib)
+                except AttributeError:  # ctypes: undefined symbol
+                    raise RunError(
+                        f"{lib.llama_cpp._lib._name} has no onebit_init_from_model: it is not the patched "
+                        "build (LLAMA_CPP_LIB_PATH names another libllama?); run ./build.sh"
+                    ) from None
+            moe = moe_params(env)  # the settings go through the C API: the process environment is never touched
+            self.ptr = _init_from_model(model.ptr, params, ctypes.byref(moe))
+        else:
+            refuse_knobs(env)
+            self.ptr = lib.llama_init_from_model(model.ptr, params)  # upstream's own: no onebit symbol
         if not self.ptr:
             raise RunError(f"{model.path}: llama.cpp could not create a context (see the log above)")
         self.model = model

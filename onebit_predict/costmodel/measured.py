@@ -1,0 +1,231 @@
+"""What ``onebit-bench --json`` measured, read for the model to be checked against (and plotted).
+
+Two reports carry rows the page-granular model (costmodel/pages.py) can be played against:
+
+- ``onebit-bench MODEL --memory-limit 50%,25% --json`` (commands/bench.py ``_memory``):
+  top-level ``expert_bytes`` (all the routed experts' bytes), ``drive``
+  (``bandwidth_mb_s``, ``page_read_us``), ``memory_limits`` and ``rows``, one per
+  configuration and limit (checks/bench_memory.py ``MemoryRow``: ``limit_bytes``, ``name``,
+  ``median_tok_s``, ``read_mib_per_token``, ``major_faults_per_token``, ..., ``env``,
+  ``config``);
+- ``onebit-bench MODEL --cold --json`` (``_cold``): ``cold: true``, ``drive``, ``rows``
+  (checks/bench_cold.py ``ColdRow``), the first of them the model resident ("patched off,
+  warm").
+
+:func:`load_measured` reads either (ValueError, exit 2, with what is missing otherwise).
+Optional fields the model uses where a report has them: ``drive.read_ahead_kb`` (the
+device's readahead), ``process_bytes`` (what a run holds in its cgroup besides the model's
+page cache) at the top level or in a row, ``drive_samples`` (several drive measurements:
+their median bandwidth and latency are used). Each row's configuration is a
+:class:`~onebit_predict.costmodel.row_config.RowConfig`: its ``config`` object where the report has
+one, else parsed from its name (row_config.from_name: reports written before the objects); a
+row's ``env`` (the configuration's ONEBIT_* variables, written since the consumer's room rule)
+says the report records each row's knobs; a row read by its name must agree with it (a warning
+where it does not).
+
+The drive's readahead a row ran at (:attr:`MeasuredRow.read_ahead_kb`): its configuration's
+``read_ahead_kb`` (``--read-ahead-kb``: set for the run), else the value the report recorded for
+every row (``drive.read_ahead_kb``: the device's as found, since reports record it), else None:
+unknown. Reports written before that read as unknown, not as this machine's 8192, although
+they ran at it (docs/results.md says so beside their tables). :attr:`Measured.read_ahead_kb` is
+the one value of every row, None where the rows ran at several or it is unknown; ``device`` is
+the report's record of the model's block device (llama/read_ahead.py ``BlockDevice``), None
+before reports had it.
+
+The drive a row read the model from (:attr:`MeasuredRow.drive`, ``--drive``): its configuration's
+``drive``, else the report's one drive where its ``drives`` object records exactly one (a run
+without ``--drive``: ``native``), else None: unknown (reports written before ``drives``). A row on
+an emulated drive ran at that drive's readahead, not the model's device's: its configuration's
+``read_ahead_kb``, else the mount's as the report's ``drives`` records it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..constants import ENV_PREFETCH_DEBUG_ORACLE
+from .row_config import OFF, RowConfig, from_name
+
+logger = logging.getLogger("onebit_predict")
+WARM = "patched off, warm"
+RESIDENT = 0  # a memory report's limit_bytes for its resident runs (no cgroup, the file read in first)
+__all__ = ["OFF", "RESIDENT", "WARM", "Measured", "MeasuredRow", "from_bench", "load_measured"]
+
+
+@dataclass(frozen=True)
+class MeasuredRow:
+    limit_bytes: int | None  # None: --cold (no limit, every expert page evicted before each token)
+    name: str  # as the report names it: "patched off", "router", "router + advise", ...
+    config: RowConfig | None  # what it ran (None: a name that is no configuration, "patched off, warm")
+    tok_s: float
+    min_tok_s: float | None
+    max_tok_s: float | None
+    ratio_to_off: float | None
+    read_mib_per_token: float | None
+    major_faults_per_token: float | None
+    process_bytes: int | None = None
+    read_ahead_kb: int | None = None  # the drive's readahead it ran at (None: unknown)
+    drive: str | None = None  # the drive it read the model from: native, nvme, sata (None: unknown)
+
+    @property
+    def resident(self) -> bool:
+        return self.limit_bytes == RESIDENT or self.name == WARM
+
+
+@dataclass(frozen=True)
+class Measured:
+    path: Path
+    kind: str  # "memory" or "cold"
+    model: str
+    expert_bytes: int | None  # all the routed experts' bytes of the model
+    bandwidth: float | None  # bytes per second
+    latency_us: float | None
+    read_ahead_kb: int | None
+    process_bytes: int | None
+    threads: int | None
+    generate: int | None
+    prompt: int | None
+    rows: tuple[MeasuredRow, ...]
+    knobs_recorded: bool = False  # each row's knobs are in the report (env or config: since the room rule)
+    device: dict[str, Any] | None = None  # the model's block device as the report recorded it
+
+    @property
+    def warm_tok_s(self) -> float | None:
+        """The resident run's decode tok/s: --cold's "patched off, warm" row, a memory report's
+        "patched off" at the limit ``resident`` (RESIDENT)."""
+        return next((r.tok_s for r in self.rows if r.resident and r.name in (WARM, OFF)), None)
+
+    def timed_rows(self) -> list[MeasuredRow]:
+        """The rows a model plays: every one but the resident runs."""
+        return [r for r in self.rows if not r.resident]
+
+    @property
+    def limits(self) -> list[int | None]:
+        return list(dict.fromkeys(r.limit_bytes for r in self.timed_rows()))
+
+
+def _num(d: dict, key: str) -> float | None:
+    v = d.get(key)
+    return None if v is None else float(v)
+
+
+def load_measured(path: str | Path) -> Measured:
+    """An onebit-bench --memory-limit or --cold --json report; ValueError when it is neither."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError:
+        raise
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list) or not data["rows"]:
+        raise ValueError(f"{path}: not an onebit-bench --json report (no rows)")
+    if data.get("cold"):
+        kind = "cold"
+    elif "memory_limits" in data or any("limit_bytes" in r for r in data["rows"]):
+        kind = "memory"
+    else:
+        raise ValueError(
+            f"{path}: neither an onebit-bench --memory-limit report (memory_limits, rows with limit_bytes) "
+            "nor a --cold one (cold: true)"
+        )
+    drive = data.get("drive") or {}
+    samples = data.get("drive_samples") or []
+    bw = [float(s["bandwidth_mb_s"]) for s in samples if s.get("bandwidth_mb_s")] or (
+        [float(drive["bandwidth_mb_s"])] if drive.get("bandwidth_mb_s") else []
+    )
+    lat = [float(s["page_read_us"]) for s in samples if s.get("page_read_us") is not None] or (
+        [float(drive["page_read_us"])] if drive.get("page_read_us") is not None else []
+    )
+    rows = []
+    recorded = False
+    drive_ra = None if drive.get("read_ahead_kb") is None else int(drive["read_ahead_kb"])
+    drives = data.get("drives") if isinstance(data.get("drives"), dict) else {}
+    only_drive = next(iter(drives)) if len(drives) == 1 else None
+    for i, r in enumerate(data["rows"]):
+        where = f"{path}: row {i} ({r.get('name') if isinstance(r, dict) else r!r})"
+        if not isinstance(r, dict):
+            raise ValueError(f"{where}: not an object")
+        recorded = recorded or r.get("env") is not None or r.get("config") is not None
+        config = _config(r, where)
+        on = config.drive if config is not None and config.drive is not None else only_drive
+        record = drives.get(on) if isinstance(drives.get(on), dict) else {}
+        ra = drive_ra if not record.get("emulated") else record.get("read_ahead_kb")
+        ra = None if ra is None else int(ra)
+        try:
+            limit = None if kind == "cold" else int(r["limit_bytes"])
+            rows.append(
+                MeasuredRow(
+                    limit,
+                    str(r["name"]),
+                    config,
+                    float(r["median_tok_s"]),
+                    _num(r, "min_tok_s"),
+                    _num(r, "max_tok_s"),
+                    _num(r, "ratio_to_off"),
+                    _num(r, "read_mib_per_token"),
+                    _num(r, "major_faults_per_token"),
+                    None if r.get("process_bytes") is None else int(r["process_bytes"]),
+                    ra if config is None or config.read_ahead_kb is None else config.read_ahead_kb,
+                    on,
+                )
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: row {i} lacks a field the comparison needs ({e!r})") from None
+    return Measured(
+        path,
+        kind,
+        str(data.get("model", "?")),
+        None if data.get("expert_bytes") is None else int(data["expert_bytes"]),
+        statistics.median(bw) * 1e6 if bw else None,
+        statistics.median(lat) if lat else None,
+        _one({r.read_ahead_kb for r in rows}),
+        None if data.get("process_bytes") is None else int(data["process_bytes"]),
+        None if data.get("threads") is None else int(data["threads"]),
+        None if data.get("generate") is None else int(data["generate"]),
+        None if data.get("prompt") is None else int(data["prompt"]),
+        tuple(rows),
+        recorded,
+        data.get("device") if isinstance(data.get("device"), dict) else None,
+    )
+
+
+def _one(values: set[int | None]) -> int | None:
+    """The value every row shares (None: several, or unknown)."""
+    return values.pop() if len(values) == 1 else None
+
+
+def _config(row: dict[str, Any], where: str) -> RowConfig | None:
+    """A row's configuration: its ``config`` object, or (a report written before them) its name
+    parsed, checked against its ``env`` where it has one."""
+    env = row.get("env")
+    if env is not None and not (isinstance(env, dict) and all(isinstance(k, str) for k in env)):
+        raise ValueError(f"{where}: env is not an object of ONEBIT_* variables")
+    if row.get("config") is not None:
+        return RowConfig.from_fields(row["config"], f"{where}: config")
+    config = from_name(str(row.get("name", "")))
+    if config is not None and env is not None:
+        ran = {k: str(v) for k, v in env.items()}
+        if config.env(ran.get(ENV_PREFETCH_DEBUG_ORACLE)) != ran:
+            logger.warning("%s: its env %s is not the configuration its name says; played as named", where, ran)
+    return config
+
+
+def from_bench(path: Path, mode: str, n_layer: int) -> tuple[float, float | None]:
+    """(layer ms, cost % of the trace's mode or None) from onebit-bench --json; ValueError if unusable."""
+    try:
+        rows = {r["name"]: r for r in json.loads(path.read_text())["rows"]}
+        off = float(rows["patched off"]["median_tok_s"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--bench-json {path}: not an onebit-bench --json report ({e!r})") from None
+    if not off > 0:
+        raise ValueError(f"--bench-json {path}: 'patched off' has {off} tok/s")
+    cost = None
+    if mode in rows and float(rows[mode].get("ratio_to_off", 0)) > 0:
+        cost = max(0.0, (1.0 / float(rows[mode]["ratio_to_off"]) - 1.0) * 100.0)
+    return 1000.0 / off / n_layer, cost

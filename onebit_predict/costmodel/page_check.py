@@ -1,0 +1,247 @@
+"""The page model against the benchmarks: which configurations a trace plays, each row played, the check.
+
+:func:`check_pages` plays the page model (costmodel/pages.py) with the constants costmodel/page_settings.py
+resolves: without a report, every configuration of ``onebit-bench`` the trace covers
+(:func:`configurations`: the predictor off, the trace's mode alone, ``+ advise``, ``+ read``, and
+for a router trace the oracle) at each memory limit; with a report (costmodel/measured.py), each of
+its rows whose configuration (costmodel/row_config.py ``RowConfig``) the trace can play
+(:func:`playable`: the trace's predictor, depth and lookahead) at the report's limits, next to
+what was measured. Each row plays the consumer's room rule with its own factor: the row's knobs as
+the consumer reads them (policy.parse_prefetch on the configuration's environment: a knob absent
+is its default, a bad one its default with a warning, R above 64 clamped), none in a report
+written before the rule (no ``env``), ``--prefetch-room`` over all. A row of ``--check``'s kinds
+that misses the measurement by more than the tolerance fails the check; a row that ran with the
+consumer's guard (not modelled) is shown, not checked (in a report recording its knobs; before,
+the rows ran with the guard of the time and are checked, their "no guard" twins beside them).
+Every rule: docs/cost-model.md, "Pages", "Against the measurements".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from ..constants import ENV_PREFETCH_GUARD, ENV_PREFETCH_ROOM, MODE_ROUTER
+from ..policy import PrefetchEnv, parse_prefetch
+from ..trace import Trace
+from .measured import Measured, MeasuredRow
+from .page_settings import CHECK_KINDS, PageOptions, PageSetup, PageUsageError, resolve
+from .pages import ORACLE, PageRun, run_config
+from .routing import Routing
+from .row_config import RowConfig
+
+logger = logging.getLogger("onebit_predict")
+MIB = 2**20
+
+
+def kind(config: RowConfig) -> str:
+    """What ``--check`` calls a configuration: off, predictor, advise, read or oracle."""
+    if config.is_off:
+        return "off"
+    if config.oracle:
+        return "oracle"
+    return "predictor" if config.consumer == "off" else config.consumer
+
+
+def configurations(routing: Routing) -> list[RowConfig]:
+    """Every configuration the trace covers: off, its mode alone, + advise, + read; the oracle with
+    advise (router traces: the benchmark's oracle runs router mode)."""
+    out = [RowConfig()]
+    if routing.has_predictor:
+        mode = routing.header.mode_name
+        out += [RowConfig(mode, consumer) for consumer in ("off", "advise", "read")]
+        if mode == "router":
+            out.append(RowConfig("router", "advise", oracle=True))
+    return out
+
+
+def playable(config: RowConfig | None, routing: Routing) -> bool:
+    """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
+    router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead."""
+    if config is None:
+        return False
+    if config.is_off:
+        return True
+    h = routing.header
+    if not routing.has_predictor or config.predictor != h.mode_name:
+        return False
+    depth = None if h.depth == h.n_expert_used else h.depth
+    return config.depth == depth and (config.ahead or 1) == h.ahead
+
+
+@dataclass(frozen=True)
+class Row:
+    """A configuration played at one limit, with what was measured where a report has it."""
+
+    limit_bytes: int | None
+    run: PageRun
+    config: RowConfig  # as played: its room factor and guard settled (guard None: unknown)
+    measured: MeasuredRow | None
+    checked: bool
+    capacity_pages: int | None
+    room_source: str  # where the room factor came from: "env", "default", "given", ...
+
+    @property
+    def kind(self) -> str:
+        return kind(self.config)
+
+    @property
+    def room_text(self) -> str:
+        """The room rule for this row: '-' (no consumer), 'no rule' (R 0), 'held' or 'issues' (R)."""
+        if self.run.consumer == "off":
+            return "-"
+        room = self.config.room or 0.0
+        if room == 0:
+            return "no rule"
+        return f"{'held' if self.run.room_held else 'issues'} (R {room:g})"
+
+    @property
+    def error_pct(self) -> float | None:
+        if self.measured is None or self.run.tok_s is None or not self.measured.tok_s > 0:
+            return None
+        return 100.0 * (self.run.tok_s / self.measured.tok_s - 1.0)
+
+    def missed(self, tolerance: float) -> bool:
+        e = self.error_pct
+        return self.checked and (e is None or abs(e) > tolerance)
+
+    def values(self) -> dict[str, Any]:
+        """The row's figures, simulated and measured, per token (the report's ``rows``)."""
+        run, m = self.run, self.measured
+        return {
+            "limit_bytes": self.limit_bytes,
+            "configuration": run.name,
+            "kind": self.kind,
+            "capacity_pages": self.capacity_pages,
+            "tok_s": run.tok_s,
+            "read_mib_per_token": run.per_token(run.read_bytes / MIB),
+            "major_faults_per_token": run.per_token(run.counts.major_faults),
+            "waits_per_token": run.per_token(run.counts.waits),
+            "requests_per_token": run.per_token(run.counts.requests),
+            "stall_ms_per_token": run.per_token(run.stall_ms),
+            "evicted_mib_per_token": run.per_token(run.evicted_pages * run.page_size / MIB),
+            "measured_tok_s": None if m is None else m.tok_s,
+            "measured_read_mib_per_token": None if m is None else m.read_mib_per_token,
+            "measured_major_faults_per_token": None if m is None else m.major_faults_per_token,
+            "error_pct": self.error_pct,
+            "checked": self.checked,
+            "prefetch_room": self.config.room,
+            "prefetch_room_source": self.room_source,
+            "prefetch_guard": self.config.guard,
+            "room_held": run.room_held,
+            "room_rule": self.room_text,
+            "need_mib": run.need_bytes / MIB,
+        }
+
+
+@dataclass(frozen=True)
+class PageCheck:
+    """The rows played (and, against a report, checked)."""
+
+    setup: PageSetup
+    rows: list[Row]
+    unplayed: list[str]  # the report's rows that are no configuration of this trace
+    measured: Measured | None
+    tolerance: float
+
+    @property
+    def checked(self) -> list[Row]:
+        return [r for r in self.rows if r.checked]
+
+    @property
+    def misses(self) -> list[Row]:
+        return [r for r in self.rows if r.missed(self.tolerance)] if self.measured is not None else []
+
+
+def played(config: RowConfig, recorded: bool, given: float | None, where: str) -> tuple[RowConfig, str]:
+    """The configuration with the room factor and guard the model plays it with, and the factor's
+    source: ``given`` (--prefetch-room) over all; a report recording its knobs: the consumer's
+    reading of the configuration's variables (a bad one warned about, as the consumer does); a
+    report written before the rule: no rule, the guard unknown."""
+    if not recorded:
+        if given is not None:
+            return replace(config, room=given), "given"
+        return replace(config, room=0.0), "report without env: measured before the rule"
+    env = config.env()
+    policy, warnings = parse_prefetch(PrefetchEnv.from_environ(env), MODE_ROUTER)
+    for w in warnings:
+        if ENV_PREFETCH_ROOM in w or ENV_PREFETCH_GUARD in w:
+            logger.warning("%s: %s", where, w)
+    if given is not None:
+        return replace(config, room=given, guard=policy.guard), "given"
+    return replace(config, room=policy.room, guard=policy.guard), "env" if ENV_PREFETCH_ROOM in env else "default"
+
+
+def _rows_at(
+    opts: PageOptions, trace: Trace, routing: Routing, measured: Measured | None, setup: PageSetup, limit: int | None
+) -> tuple[list[Row], set[str]]:
+    """Every configuration of the trace at one limit (with a report: those of its rows the trace plays),
+    and the names of the report's rows it does not play."""
+    s = setup.settings
+    capacity = None
+    if limit is not None:
+        proc = s.process_bytes[limit]
+        capacity = int((limit - proc.value) // s.page_bytes.value)
+        if capacity < 1:
+            raise PageUsageError(f"process bytes {proc.value} leave no page cache under the limit {limit}")
+    model = s.model(trace.header.n_layer, capacity, setup.cold)
+    if measured is None:
+        room = s.prefetch_room.value
+        todo = [(replace(c, room=room), c.name, None, s.prefetch_room.source) for c in configurations(routing)]
+        unplayed: set[str] = set()
+    else:
+        here = {r.name: r for r in measured.timed_rows() if r.limit_bytes == limit}
+        mine = [m for m in here.values() if playable(m.config, routing)]
+        unplayed = set(here) - {m.name for m in mine}
+        mine.sort(key=lambda m: CHECK_KINDS.index(kind(m.config)))  # stable: the report's order within a kind
+        todo = []
+        for m in mine:
+            assert m.config is not None
+            where = f"{measured.path}: {m.name}"
+            config, source = played(m.config, measured.knobs_recorded, opts.prefetch_room, where)
+            todo.append((config, m.name, m, source))
+    runs: dict[tuple[str | None, str, float], PageRun] = {}  # one simulation per predictor, consumer, room
+    rows = []
+    for config, name, m, source in todo:
+        predictor = ORACLE if config.oracle else config.predictor
+        key = (predictor, config.consumer, config.room or 0.0)
+        if key not in runs:
+            with_room = replace(model, prefetch_room=key[2])
+            runs[key] = run_config(routing, setup.layout, with_room, predictor, config.consumer, name, trace)
+        # the model has no guard: a row of a report recording its knobs that ran with one is shown,
+        # not checked (reports before them: the guarded rows are checked, "no guard" beside them)
+        guarded = measured is not None and measured.knobs_recorded and (config.guard or 0) > 0
+        checked = m is not None and kind(config) in opts.check and not (guarded and config.consumer != "off")
+        rows.append(Row(limit, replace(runs[key], name=name), config, m, checked, capacity, source))
+    return rows, unplayed
+
+
+def check_pages(
+    opts: PageOptions,
+    trace: Trace,
+    routing: Routing,
+    measured: Measured | None = None,
+    probe: Callable[[Path], int | None] | None = None,
+) -> PageCheck:
+    """The page model of the trace at every limit; with ``measured``, each of its rows the trace
+    plays, checked against it (``probe``: the device readahead of a file here, page_settings.resolve)."""
+    setup = resolve(opts, trace, routing, measured, probe)
+    if measured is not None and measured.generate is not None and measured.generate != routing.n_tokens:
+        logger.warning(
+            "the report decoded %d tokens, the trace has %d decode tokens: not the same run",
+            measured.generate,
+            routing.n_tokens,
+        )
+    rows: list[Row] = []
+    unplayed: set[str] = set()
+    for limit in setup.limits:
+        got, left = _rows_at(opts, trace, routing, measured, setup, limit)
+        rows += got
+        unplayed |= left
+    if measured is not None and not rows:
+        mode = trace.header.mode_name
+        raise PageUsageError(f"{measured.path}: no row of the report is a configuration of a {mode} trace")
+    return PageCheck(setup, rows, sorted(unplayed), measured, opts.tolerance)

@@ -1,0 +1,420 @@
+"""A page-granular decode-time model: demand faults as the kernel reads them, prefetches as the requests they are.
+
+The expert model of simulate.py reads an expert as one request into a slot of its layer.
+The engines this project measures do something else: llama.cpp maps the GGUF, a missing
+expert page is a **major fault** that reads what the kernel's readahead decides (one page
+under ``MADV_RANDOM``, as ``onebit-bench --cold`` sets it; a read-around window otherwise),
+into the **page cache**, which under ``onebit-bench --memory-limit`` is one LRU for the
+whole process, bounded by the memory cgroup. The prefetch consumer hands each predicted
+expert's byte ranges to worker threads, which call ``madvise(MADV_WILLNEED)`` (``advise``:
+one asynchronous request for the missing pages of the range, no waiting) or touch every page
+(``read``: page faults, readahead included, on the worker threads). Every rule, with what it
+leaves out: docs/cost-model.md, "Pages: the page-granular model".
+
+The pieces, each small and tested on its own: where the experts are in the file
+(costmodel/layout.py ``ExpertLayout``); the page cache, the drive and the kernel's fault and
+readahead rules (costmodel/kernel.py); and here the events: :func:`run_config` plays one
+configuration (the predictor off or on, the consumer off, advise or read) over a trace's
+routing, the compute thread and the consumer's workers acting in time order on one kernel.
+Layer l hands the consumer the prediction of layer l+K, K the trace's lookahead
+(``header.ahead``, as costmodel/simulate.py). The consumer's room rule (``PageModel.prefetch_room``,
+ONEBIT_MOE_PREFETCH_ROOM) holds it off for the whole run when the page cache is below R x one
+token's need (:meth:`ExpertLayout.token_need_bytes`). costmodel/page_check.py plays the
+configurations of a report with it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..constants import TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from ..trace import Trace
+from .kernel import PAGE_CACHES, Kernel, KernelCounts, PageDrive
+from .layout import PAGE_SIZE, ExpertLayout
+from .routing import Routing
+from .row_config import CONSUMERS, ORACLE
+
+
+class _Engine:
+    """Actors (generators yielding the time of their next action, or None to sleep) run in time order."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Generator]] = []
+        self._n = 0
+
+    def at(self, t: float, actor: Generator) -> None:
+        heapq.heappush(self._heap, (t, self._n, actor))
+        self._n += 1
+
+    def next_time(self) -> float:
+        return self._heap[0][0] if self._heap else math.inf
+
+    def run(self) -> None:
+        while self._heap:
+            _, _, actor = heapq.heappop(self._heap)
+            try:
+                t = next(actor)
+            except StopIteration:
+                continue
+            if t is not None:
+                self.at(t, actor)
+
+
+@dataclass(frozen=True)
+class PageModel:
+    """Everything but the routing: the drive, the compute, the cache, the kernel's readahead."""
+
+    bandwidth: float  # bytes per second
+    latency_ms: float
+    queue_depth: int
+    layer_ms: float  # compute of one layer with its experts resident
+    route_at: float  # share of it before the router (attention, norms, router)
+    capacity_pages: int | None  # page cache for the expert pages (None: unbounded)
+    window_pages: int  # a major fault's read-around (0: MADV_RANDOM)
+    cold: bool = False  # every expert page evicted before each token (onebit-bench --cold)
+    page_cache: str = "lru"  # lru or two-list (PAGE_CACHES)
+    predictor_cost_ms: float = 0.0  # per token, spread over the layers that predict
+    op_ms: float = 0.0  # the consumer's op on the compute thread, per predicted layer
+    fault_ms: float = 0.0  # CPU cost of a major fault beyond the drive's latency
+    workers: int = 2  # the consumer's worker threads (ONEBIT_MOE_PREFETCH_THREADS)
+    drain: bool = True  # --cold read mode: each token waits for its own reads (the benchmark's DEBUG_DRAIN)
+    prefill: bool = True  # replay the trace's prefill rows first, untimed (they fill the page cache)
+    page_size: int = PAGE_SIZE
+    # the consumer's room rule (ONEBIT_MOE_PREFETCH_ROOM=R): it issues nothing while the page cache the
+    # process can have (here capacity_pages; unbounded: never) is below R x the mapped bytes one token
+    # reads (ExpertLayout.token_need_bytes); 0: no rule (the model's default: the runs measured before it)
+    prefetch_room: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.layer_ms >= 0:
+            raise ValueError(f"layer time must be >= 0 ms, not {self.layer_ms}")
+        if not 0 <= self.route_at <= 1:
+            raise ValueError(f"route_at must be in [0, 1], not {self.route_at}")
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if not (self.prefetch_room >= 0 and math.isfinite(self.prefetch_room)):
+            raise ValueError(f"prefetch room must be a finite number >= 0, not {self.prefetch_room}")
+
+    def room_bytes(self) -> int | None:
+        """The page cache the process can have (None: unbounded, no limit)."""
+        return None if self.capacity_pages is None else self.capacity_pages * self.page_size
+
+    def room_holds(self, need_bytes: int) -> bool:
+        """The room rule holds the consumer off: room < prefetch_room x need (constant over a run:
+        the model's room is the limit minus the process bytes, both fixed)."""
+        room = self.room_bytes()
+        return self.prefetch_room > 0 and room is not None and room < self.prefetch_room * need_bytes
+
+
+@dataclass(frozen=True)
+class PageRun:
+    """One configuration's simulated decode."""
+
+    name: str
+    predictor: bool
+    consumer: str
+    tokens: int
+    total_ms: float
+    counts: KernelCounts
+    token_ms: tuple[float, ...]
+    stall_ms: float  # compute thread waiting for pages
+    evicted_pages: int
+    prefetch_ranges: int
+    prefill_counts: KernelCounts = field(default_factory=KernelCounts)
+    page_size: int = PAGE_SIZE
+    need_bytes: int = 0  # one token's mapped bytes (the room rule's need)
+    room_held: bool = False  # the room rule held the consumer off (it issued nothing)
+
+    @property
+    def tok_s(self) -> float | None:
+        return 1000.0 * self.tokens / self.total_ms if self.total_ms > 0 else None
+
+    def per_token(self, x: float) -> float | None:
+        return x / self.tokens if self.tokens else None
+
+    @property
+    def read_bytes(self) -> int:
+        return self.counts.pages_read * self.page_size
+
+
+@dataclass(frozen=True)
+class _Step:
+    """One (token, layer): the experts it computes and the candidates the consumer reads for layer
+    ``target``, the layer it predicts (layer + K, K the trace's lookahead)."""
+
+    layer: int
+    demand: tuple[int, ...]
+    next_pred: tuple[int, ...] | None  # None: layer ``target`` is not predicted for this token
+    target: int
+
+
+def _steps(routing: Routing, oracle: bool = False) -> list[list[_Step]]:
+    """Per decode token, per layer l with a record: the experts, and layer l+K's prediction (the
+    trace's read set; with ``oracle``, layer l+K's actual experts), K the trace's lookahead."""
+    ahead = routing.header.ahead
+    local = {layer: routing.local_index(layer) for layer in routing.layers}
+    out = []
+    for k in range(routing.n_tokens):
+        steps = []
+        for layer, lr in routing.layers.items():
+            i = int(local[layer][k])
+            if i < 0:
+                continue
+            target = layer + ahead
+            nxt = routing.layers.get(target)
+            pred = None
+            if nxt is not None and target in routing.predicted_layers and routing.has_predictor:
+                j = int(local[target][k])
+                if j >= 0:
+                    ids = (nxt.actual if oracle else nxt.trace_pred)[j].tolist()
+                    pred = tuple(int(e) for e in dict.fromkeys(ids) if e >= 0)
+            steps.append(_Step(layer, tuple(int(e) for e in lr.actual[i].tolist()), pred, target))
+        out.append(steps)
+    return out
+
+
+def prefill_steps(trace: Trace, oracle: bool = False) -> list[_Step]:
+    """The prefill rows (not DECODE) as one step per layer l: the union of their experts and of layer
+    l+K's predicted read sets (``oracle``: of its actual experts), K the trace's lookahead, as one
+    ubatch computes and prefetches them."""
+    h = trace.header
+    actual: dict[int, set[int]] = {}
+    pred: dict[int, set[int]] = {}
+    for chunk in trace.iter_chunks():
+        flags = chunk["flags"]
+        rows = np.flatnonzero((flags & TRACE_FLAG_DECODE) == 0)
+        for r in rows.tolist():
+            layer = int(chunk["layer"][r])
+            actual.setdefault(layer, set()).update(int(e) for e in chunk["actual_ids"][r].tolist())
+            if flags[r] & TRACE_FLAG_PREDICTED:
+                n = min(int(chunk["n_read"][r]), h.depth)
+                ids = chunk["actual_ids"][r] if oracle else chunk["pred_ids"][r][:n]
+                pred.setdefault(layer, set()).update(int(e) for e in ids.tolist() if e >= 0)
+    k = h.ahead
+    steps = []
+    for layer in sorted(actual):
+        target = tuple(sorted(pred[layer + k])) if layer + k in pred else None
+        steps.append(_Step(layer, tuple(sorted(actual[layer])), target, layer + k))
+    return steps
+
+
+def cost_per_layer_ms(steps: Sequence[_Step], cost_ms: float) -> float:
+    """The predictor's per-token cost spread over the layers of a token that predict one (layer l+K)."""
+    predicting = sum(1 for s in steps if s.next_pred is not None)
+    return cost_ms / predicting if predicting else 0.0
+
+
+class _Sim:
+    """One configuration's actors: the compute thread, the consumer's workers, their queue."""
+
+    def __init__(
+        self, kernel: Kernel, engine: _Engine, layout: ExpertLayout, consumer: str, n_workers: int, held: bool = False
+    ) -> None:
+        self.kernel, self.engine, self.layout, self.consumer = kernel, engine, layout, consumer
+        self.held = held  # the room rule holds the consumer off: its op runs, it issues nothing
+        self.queue: deque[tuple[float, int, int]] = deque()
+        self.workers = [_Worker(self) for _ in range(n_workers if consumer != "off" and not held else 0)]
+        self.drain_waiter: _Compute | None = None
+        self.ranges = 0
+
+    def push(self, t: float, ranges: Sequence[tuple[int, int]]) -> None:
+        """The consumer's op hands ranges to the workers at t."""
+        for first, end in ranges:
+            self.queue.append((t, first, end))
+        self.ranges += len(ranges)
+        for w in self.workers:
+            if not self.queue:
+                break
+            if w.asleep:
+                w.asleep = False
+                w.t = max(w.t, t)
+                self.engine.at(w.t, w.gen)
+
+    def idle(self) -> bool:
+        return not self.queue and all(w.asleep for w in self.workers)
+
+    def on_worker_idle(self, t: float) -> None:
+        if self.drain_waiter is not None and self.idle():
+            c, self.drain_waiter = self.drain_waiter, None
+            c.t = max(c.t, t)
+            self.engine.at(c.t, c.gen)
+
+
+class _Worker:
+    """A consumer worker: ``advise`` issues WILLNEED for each range; ``read`` touches its every page."""
+
+    def __init__(self, sim: _Sim) -> None:
+        self.sim = sim
+        self.t = 0.0
+        self.asleep = True
+        self.gen = self._body()
+
+    def _body(self) -> Generator[float | None, None, None]:
+        sim, kernel, engine = self.sim, self.sim.kernel, self.sim.engine
+        while True:
+            while not sim.queue:
+                self.asleep = True
+                sim.on_worker_idle(self.t)
+                yield None
+            issued, first, end = sim.queue.popleft()
+            self.t = max(self.t, issued)
+            if sim.consumer == "advise":
+                if self.t > engine.next_time():
+                    yield self.t
+                kernel.willneed(first, end, self.t)
+                continue
+            for p in range(first, end):
+                if self.t > engine.next_time():
+                    yield self.t
+                self.t = kernel.access(p, self.t)
+
+
+class _Compute:
+    """The compute thread: layer after layer, token after token; it runs the consumer's op."""
+
+    def __init__(self, sim: _Sim, model: PageModel, predictor: bool, tokens: list[list[_Step]], prefill: list[_Step]):
+        self.sim, self.model, self.predictor = sim, model, predictor
+        self.tokens, self.prefill = tokens, prefill
+        self.t = 0.0
+        self.token_ms: list[float] = []
+        self.stall_ms = 0.0
+        self.prefill_counts = KernelCounts()
+        self.prefill_evicted = 0
+        self.expert_page = sim.layout.is_expert_page() if model.cold else None
+        self.gen = self._body()
+        self._pages: dict[tuple[int, tuple[int, ...]], list[int]] = {}
+
+    def _demand(self, step: _Step) -> list[int]:
+        key = (step.layer, step.demand)
+        if key not in self._pages:
+            self._pages[key] = self.sim.layout.demand_pages(step.layer, step.demand)
+        return self._pages[key]
+
+    def _dense(self, layer: int | None) -> list[int]:
+        key = (-1 if layer is None else layer, ())
+        if key not in self._pages:
+            self._pages[key] = self.sim.layout.dense_pages(layer)
+        return self._pages[key]
+
+    def _ranges(self, step: _Step) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        for e in step.next_pred or ():
+            out.extend(self.sim.layout.expert_ranges(step.target, e))
+        return out
+
+    def _touch(self, pages: list[int], ms: float, timed: bool) -> Generator[float | None, None, None]:
+        """Read ``pages`` in order, ``ms`` of compute spread over them (all of it when there are none)."""
+        kernel, engine = self.sim.kernel, self.sim.engine
+        if not pages:
+            self.t += ms
+            return
+        per_page = ms / len(pages)
+        for p in pages:
+            if self.t > engine.next_time():
+                yield self.t
+            ready = kernel.access(p, self.t)
+            if ready > self.t and timed:
+                self.stall_ms += ready - self.t
+            self.t = ready + per_page
+
+    def _token(self, steps: list[_Step], timed: bool) -> Generator[float | None, None, None]:
+        """One token (or the prefill's ubatch): every layer, then the output head."""
+        sim, model = self.sim, self.model
+        before = model.route_at * model.layer_ms
+        cost = cost_per_layer_ms(steps, model.predictor_cost_ms) if self.predictor else 0.0
+        for step in steps:
+            yield from self._touch(self._dense(step.layer), before, timed)  # attention, norms, router
+            if step.next_pred is not None:
+                self.t += cost
+            if sim.consumer != "off" and step.next_pred:
+                if self.t > sim.engine.next_time():
+                    yield self.t
+                self.t += model.op_ms
+                if not sim.held:
+                    sim.push(self.t, self._ranges(step))
+            yield from self._touch(self._demand(step), model.layer_ms - before, timed)
+        yield from self._touch(self._dense(None), 0.0, timed)
+
+    def _body(self) -> Generator[float | None, None, None]:
+        sim, model, kernel, engine = self.sim, self.model, self.sim.kernel, self.sim.engine
+        runs = ([(False, self.prefill)] if self.prefill else []) + [(True, s) for s in self.tokens]
+        for timed, steps in runs:
+            if model.cold:  # the benchmark lets reads in flight land, then evicts every expert page: untimed
+                if engine.next_time() <= self.t:
+                    yield self.t  # the workers' pending requests first
+                self.t = max(self.t, kernel.drive.idle_at)
+                kernel.evict(self.expert_page)
+            start = self.t
+            yield from self._token(steps, timed)
+            if sim.consumer == "read" and (not timed or (model.cold and model.drain)) and not sim.idle():
+                sim.drain_waiter = self  # the workers wake it when they are done
+                yield None
+            if timed:
+                self.token_ms.append(self.t - start)
+                continue
+            # the decode starts after the prefill's reads; what it read is counted apart
+            self.t = max(self.t, kernel.drive.idle_at)
+            self.prefill_counts, kernel.counts = kernel.counts, KernelCounts()
+            self.prefill_evicted, sim.ranges = kernel.cache.evicted, 0
+
+
+def run_config(
+    routing: Routing,
+    layout: ExpertLayout,
+    model: PageModel,
+    predictor: str | bool | None,
+    consumer: str,
+    name: str,
+    prefill: Trace | Sequence[_Step] = (),
+) -> PageRun:
+    """One configuration: the predictor (the trace's, ``"oracle"``: the actual routing of the next
+    layer, predicted at no cost; None or False: off), the consumer off, advise or read;
+    ``prefill``: the trace (its prefill rows are replayed first, untimed) or those steps. A consumer
+    the room rule holds off (``model.prefetch_room``) issues nothing: ``room_held`` in the result."""
+    if consumer not in CONSUMERS:
+        raise ValueError(f"unknown consumer '{consumer}' (one of {', '.join(CONSUMERS)})")
+    if consumer != "off" and not predictor:
+        raise ValueError("a consumer needs the predictor")
+    oracle = predictor == ORACLE
+    if isinstance(prefill, Trace):
+        prefill = prefill_steps(prefill, oracle)
+    missing = sorted(set(routing.layers) - set(layout.layers))
+    if missing:
+        raise ValueError(f"no expert tensors for layers {missing} in the layout ({layout.source})")
+    if layout.page_size != model.page_size:
+        layout = replace(layout, page_size=model.page_size)
+    cache = PAGE_CACHES[model.page_cache](model.capacity_pages)
+    drive = PageDrive(model.bandwidth, model.latency_ms, model.queue_depth, model.page_size)
+    kernel = Kernel(layout.n_pages, cache, drive, model.window_pages, model.fault_ms)
+    engine = _Engine()
+    need = layout.token_need_bytes(routing.header.n_expert_used)
+    held = consumer != "off" and model.room_holds(need)
+    sim = _Sim(kernel, engine, layout, consumer, model.workers, held)
+    tokens = _steps(routing, oracle)
+    compute = _Compute(sim, model, bool(predictor) and not oracle, tokens, list(prefill) if model.prefill else [])
+    engine.at(0.0, compute.gen)
+    engine.run()
+    if len(compute.token_ms) != len(tokens):
+        raise RuntimeError("the simulation stopped before the last token")
+    return PageRun(
+        name,
+        bool(predictor),
+        consumer,
+        len(tokens),
+        sum(compute.token_ms),
+        kernel.counts,
+        tuple(compute.token_ms),
+        compute.stall_ms,
+        cache.evicted - compute.prefill_evicted,
+        sim.ranges,
+        compute.prefill_counts,
+        model.page_size,
+        need,
+        held,
+    )
