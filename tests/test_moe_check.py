@@ -20,7 +20,7 @@ import pytest
 from onebit_predict.commands import bench, bitident, grow, stats
 from onebit_predict.constants import EXIT_USAGE
 from onebit_predict.costmodel.expert_bytes import ModelError
-from onebit_predict.grow.gguf_keys import copy_key
+from onebit_predict.grow.gguf_keys import copy_key, write_tensors_as_read
 from onebit_predict.moe_check import MoeKeys, require_moe_model, require_trace_model
 from onebit_predict.trace import TraceHeader
 from onebit_predict.trace_writer import TraceWriter
@@ -68,17 +68,7 @@ def rewrite(src: Path, dst: Path, changes: dict[str, tuple[Any, gguf.GGUFValueTy
     for key, change in changes.items():
         if key not in reader.fields and change is not None:
             w.add_key_value(key, change[0], change[1])
-    for t in reader.tensors:
-        w.add_tensor_info(t.name, t.data.shape, t.data.dtype, int(t.n_bytes), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    fout = w.fout[0]
-    w.write_padding(fout, fout.tell())
-    for t in reader.tensors:
-        start = fout.tell()
-        fout.write(np.asarray(t.data).tobytes())
-        w.write_padding(fout, fout.tell() - start)
+    write_tensors_as_read(w, reader)
     w.close()
     return dst
 

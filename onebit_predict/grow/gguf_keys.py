@@ -24,6 +24,25 @@ def copy_key(writer: Any, key: str, field: Any, value: Any, path: Path, error: t
         writer.data_alignment = int(value)
 
 
+def write_tensors_as_read(writer: Any, reader: Any) -> None:
+    """Finish ``writer`` (its keys already added) with every tensor of ``reader`` as stored: the
+    header, the keys, the tensor infos, then each tensor's bytes with gguf-py's padding."""
+    import numpy as np
+
+    for t in reader.tensors:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, int(t.n_bytes), raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    fout = writer.fout[0]
+    writer.write_padding(fout, fout.tell())
+    for t in reader.tensors:
+        start = fout.tell()
+        fout.write(np.asarray(t.data).tobytes())
+        writer.write_padding(fout, fout.tell() - start)
+    fout.flush()
+
+
 def arch_value(path: Path, name: str) -> Any:
     """The value of ``{general.architecture}.{name}`` in the GGUF file ``path`` (KeyError when absent)."""
     import gguf

@@ -47,10 +47,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..atomic import atomic_path
-from .gguf_keys import check_gguf_whole, copy_key
+from .gguf_keys import check_gguf_whole, copy_key, write_tensors_as_read
 
 N_BYTES = 256  # ids 0..255: the byte values
 EOF_ID = 256  # the end-of-file token the models were trained with
@@ -180,18 +178,7 @@ def _rewrite(src: Path, dst: Path, with_vocab: bool) -> Path:
             if with_vocab:
                 writer.add_key_value(K_ADD_BOS, False, vt.BOOL)
                 writer.add_key_value(K_ADD_EOS, False, vt.BOOL)
-            for t in reader.tensors:
-                writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, int(t.n_bytes), raw_dtype=t.tensor_type)
-            writer.write_header_to_file()
-            writer.write_kv_data_to_file()
-            writer.write_ti_data_to_file()
-            fout = writer.fout[0]
-            writer.write_padding(fout, fout.tell())
-            for t in reader.tensors:
-                start = fout.tell()
-                fout.write(np.asarray(t.data).tobytes())
-                writer.write_padding(fout, fout.tell() - start)
-            fout.flush()
+            write_tensors_as_read(writer, reader)
         finally:
             writer.close()
         check_gguf_whole(tmp, OSError, dst)
