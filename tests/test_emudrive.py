@@ -32,6 +32,7 @@ from onebit_predict.drive.emudrive import (
     unavailable_reason,
 )
 from onebit_predict.drive.profiles import KIB, MIB, NVME, SATA, DriveProfile, profile
+from onebit_predict.llama.evict import drop_file
 
 FILE_BYTES = 64 * MIB
 RA_KB = 128 if os.geteuid() == 0 else None  # setting the bdi's read_ahead_kb needs root
@@ -94,14 +95,6 @@ def data_file(tmp_path_factory) -> tuple[Path, bytes]:
     return path, data
 
 
-def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def pread(path: Path, offset: int, length: int) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -143,7 +136,7 @@ def test_serves_the_file_byte_for_byte(emu_binary, data_file):
 def test_mmap_fault_reads_through_the_device(emu_binary, data_file):
     src, data = data_file
     with mounted(src, NVME, RA_KB, binary=emu_binary) as m:
-        evict(m.path)
+        drop_file(m.path)
         with open(m.path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as mm:
             before = m.stats()
             off = 40 * MIB + 12345
@@ -160,7 +153,7 @@ def test_dontneed_evicts_and_the_next_read_is_served_again(emu_binary, data_file
     src, data = data_file
     off, n = 8 * MIB, 1 * MIB
     with mounted(src, NVME, RA_KB, binary=emu_binary) as m:
-        evict(m.path)
+        drop_file(m.path)
         s0 = m.stats()
         assert pread(m.path, off, n) == data[off : off + n]
         s1 = m.stats()
@@ -168,7 +161,7 @@ def test_dontneed_evicts_and_the_next_read_is_served_again(emu_binary, data_file
         # cached (keep_cache: across opens too): no request
         assert pread(m.path, off, n) == data[off : off + n]
         assert m.stats().requests == s1.requests
-        evict(m.path)
+        drop_file(m.path)
         s2 = m.stats()
         assert pread(m.path, off, n) == data[off : off + n]
         s3 = m.stats()
@@ -187,7 +180,7 @@ def _read_random(path: Path, offsets: list[int], bs: int) -> None:
 
 def _throughput(path: Path, nbytes: int, bs: int, readers: int) -> float:
     """Bytes/s of ``readers`` threads reading distinct ranges of the first ``nbytes``, evicted first."""
-    evict(path)
+    drop_file(path)
     offsets = list(range(0, nbytes, bs))
     random.Random(readers).shuffle(offsets)
     threads = [threading.Thread(target=_read_random, args=(path, offsets[i::readers], bs)) for i in range(readers)]

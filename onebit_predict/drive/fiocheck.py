@@ -33,6 +33,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..llama.evict import drop_file
 from .emudrive import EmuDriveError, Mount, mounted
 from .profiles import KIB, MIB, PROFILES, DriveProfile
 
@@ -90,18 +91,10 @@ def fio_command(path: Path, bs: int, jobs: int, region: int, runtime_s: float, d
     ]
 
 
-def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def run_one(m: Mount, mode: str, bs: int, jobs: int, size: int, runtime_s: float) -> FioRow:
     region = (size // jobs) // MIB * MIB
     cmd = fio_command(m.path, bs, jobs, region, runtime_s, mode == "direct")
-    evict(m.path)
+    drop_file(m.path)
     before = m.stats()
     r = subprocess.run(cmd, capture_output=True, text=True)
     after = m.stats()
