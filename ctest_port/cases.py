@@ -44,6 +44,17 @@ class RoomCase(NamedTuple):
     n_warnings: int
 
 
+class RouteCase(NamedTuple):
+    line: int
+    env: PrefetchEnv  # ONEBIT_MOE_PREFETCH, _ROUTE and _RANDOM (the other knobs unset)
+    predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
+    mode: int  # the workers' call
+    speculative: bool
+    route: bool
+    random: bool
+    n_warnings: int
+
+
 class KnobCase(NamedTuple):
     line: int
     api: str | None  # the C API's value (None: not given)
@@ -121,6 +132,7 @@ Case = (
     | AheadCase
     | GuardCase
     | RoomCase
+    | RouteCase
 )
 
 
@@ -228,6 +240,17 @@ def _case(line: int, f: list[str]) -> Case:
         return GuardCase(line, _string(f[1]), int(f[2]), int(f[3]))
     if kind == "room" and n == 4:
         return RoomCase(line, _string(f[1]), _float32(f[2]), int(f[3]))
+    if kind == "route" and n == 10:
+        return RouteCase(
+            line,
+            PrefetchEnv(mode=_string(f[1]), route=_string(f[2]), random=_string(f[3])),
+            MODES[f[4]],
+            PREFETCH_MODES[f[5]],
+            _flag(f[6]),
+            _flag(f[7]),
+            _flag(f[8]),
+            int(f[9]),
+        )
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")
 
 

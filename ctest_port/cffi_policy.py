@@ -7,10 +7,10 @@ source (the header, the .cpp, the declarations below, cffi and the Python ABI) i
 shared with the package's own C kernels).
 
 The declarations are the pinned series' whole policy: the predictor's, the prefetch
-consumer's (``onebit_prefetch_parse``) and the C API's precedence (``onebit_resolve_knob``).
-One pin means one tree: a header that lacks any of them is not a tree of this series, and the
-build fails (cffi cannot compile a declaration the source does not have) instead of a test
-quietly skipping half the parity.
+consumer's (``onebit_prefetch_parse``, ``onebit_prefetch_mode_name``) and the C API's
+precedence (``onebit_resolve_knob``). One pin means one tree: a header that lacks any of them
+is not a tree of this series, and the build fails (cffi cannot compile a declaration the source
+does not have) instead of a test quietly skipping half the parity.
 """
 
 from __future__ import annotations
@@ -76,8 +76,10 @@ enum onebit_prefetch_mode {
     ONEBIT_PREFETCH_OFF    = 0,
     ONEBIT_PREFETCH_ADVISE = 1,
     ONEBIT_PREFETCH_READ   = 2,
+    ONEBIT_PREFETCH_POPULATE = 3,
 };
 
+#define ONEBIT_PREFETCH_ROUTE_CALL ...
 #define ONEBIT_PREFETCH_THREADS_DEFAULT ...
 #define ONEBIT_PREFETCH_THREADS_MAX ...
 #define ONEBIT_PREFETCH_MAX_BYTES_LIMIT ...
@@ -90,6 +92,8 @@ struct onebit_prefetch_env {
     const char * threads;
     const char * guard;
     const char * room;
+    const char * route;
+    const char * random;
 };
 
 struct onebit_prefetch_policy {
@@ -98,8 +102,12 @@ struct onebit_prefetch_policy {
     int64_t max_bytes;
     int32_t guard;
     float   room;
+    int32_t speculative;
+    int32_t route;
+    int32_t random;
 };
 
+const char * onebit_prefetch_mode_name(int32_t mode);
 int32_t onebit_prefetch_parse(const struct onebit_prefetch_env * env, int32_t predict_mode,
                               struct onebit_prefetch_policy * out, char * warn, size_t warn_cap);
 """

@@ -38,6 +38,8 @@ ENV_PREFETCH_MAX_BYTES = "ONEBIT_MOE_PREFETCH_MAX_BYTES"
 ENV_PREFETCH_THREADS = "ONEBIT_MOE_PREFETCH_THREADS"
 ENV_PREFETCH_GUARD = "ONEBIT_MOE_PREFETCH_GUARD"  # tokens per probe of the guard, 0 = none (the default)
 ENV_PREFETCH_ROOM = "ONEBIT_MOE_PREFETCH_ROOM"  # issue only while the page cache holds R x one token's weights
+ENV_PREFETCH_ROUTE = "ONEBIT_MOE_PREFETCH_ROUTE"  # also read each layer's routed experts as soon as its router ran
+ENV_PREFETCH_RANDOM = "ONEBIT_MOE_PREFETCH_RANDOM"  # readahead off on the expert tensors (MADV_RANDOM)
 # a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
 ENV_PREFETCH_DEBUG_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
 # a benchmark control: the consumer reads the routing a trace of the same tokens recorded (the oracle)
@@ -65,14 +67,23 @@ ENV_ALL = (
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_LEARNED,
     ENV_PREFETCH_ROOM,
+    ENV_PREFETCH_ROUTE,
+    ENV_PREFETCH_RANDOM,
 )
 
 PREFETCH_OFF = 0
 PREFETCH_ADVISE = 1  # madvise(MADV_WILLNEED) on the predicted experts' pages
 PREFETCH_READ = 2  # background workers touch those pages
-PREFETCH_NAMES = {PREFETCH_OFF: "off", PREFETCH_ADVISE: "advise", PREFETCH_READ: "read"}
+PREFETCH_POPULATE = 3  # background workers madvise(MADV_POPULATE_READ) them (Linux 5.14)
+PREFETCH_NAMES = {
+    PREFETCH_OFF: "off",
+    PREFETCH_ADVISE: "advise",
+    PREFETCH_READ: "read",
+    PREFETCH_POPULATE: "populate",
+}
+PREFETCH_ROUTE_CALL = PREFETCH_READ  # the call route-time reads make when ONEBIT_MOE_PREFETCH names none
 
-PREFETCH_THREADS_DEFAULT = 2
+PREFETCH_THREADS_DEFAULT = 8  # workers blocked in reads: a drive with queue depth serves several at once
 PREFETCH_THREADS_MAX = 16
 PREFETCH_MAX_BYTES_LIMIT = 1 << 40  # 1 TiB: larger caps are a typo
 PREFETCH_GUARD_DEFAULT = 0  # tokens per probe: no guard unless asked
@@ -97,9 +108,12 @@ TRACE_HDR_FLAG_DEBUG_LEAK = 1 << 4  # the negative control was built into the co
 TRACE_HDR_FLAG_UNCHECKED = 1 << 5  # ... with the graph check off (ONEBIT_MOE_PREDICT_DEBUG_LEAK=1)
 TRACE_HDR_FLAG_OPEN = 1 << 6  # set when the context creates the trace, cleared when it frees it cleanly
 TRACE_HDR_FLAG_INCOMPLETE = 1 << 7  # set when the context is freed: a write of records failed (full disk)
-# version 3: two fields inside the flags word
+# version 3: two fields inside the flags word, and between them the consumer's bits 12..14
 TRACE_HDR_AHEAD_SHIFT = 8  # bits 8..11: ONEBIT_MOE_PREDICT_AHEAD (1..3; 0 before version 3, meaning 1)
 TRACE_HDR_AHEAD_MASK = 0xF << TRACE_HDR_AHEAD_SHIFT
+TRACE_HDR_FLAG_ROUTE = 1 << 12  # the consumer read at route time (ONEBIT_MOE_PREFETCH_ROUTE)
+TRACE_HDR_FLAG_RANDOM = 1 << 13  # readahead off on the expert tensors (ONEBIT_MOE_PREFETCH_RANDOM)
+TRACE_HDR_FLAG_SPECULATIVE = 1 << 14  # the consumer read the predicted experts ahead (a call and a predictor)
 TRACE_HDR_GUARD_SHIFT = 16  # bits 16..23: the consumer's guard window (ONEBIT_MOE_PREFETCH_GUARD; 0 none)
 TRACE_HDR_GUARD_MASK = 0xFF << TRACE_HDR_GUARD_SHIFT
 TRACE_ARCH_BYTES = 32  # NUL-padded
@@ -118,6 +132,9 @@ TRACE_HDR_FLAGS_KNOWN = (
     | TRACE_HDR_FLAG_OPEN
     | TRACE_HDR_FLAG_INCOMPLETE
     | TRACE_HDR_AHEAD_MASK
+    | TRACE_HDR_FLAG_ROUTE
+    | TRACE_HDR_FLAG_RANDOM
+    | TRACE_HDR_FLAG_SPECULATIVE
     | TRACE_HDR_GUARD_MASK
 )  # other header flag bits are refused
 TRACE_MAX_DEPTH_REQUESTED = 999_999_999  # _DEPTH as parsed: at most 9 digits (policy.MAX_DIGITS)
@@ -146,3 +163,6 @@ SIM_LATENCY_US_DEFAULT = 100.0  # per-read latency of the drive (NVMe random rea
 SIM_QUEUE_DEPTH_DEFAULT = 4  # reads the drive has in service at once (their latencies overlap)
 SIM_ROUTE_AT_DEFAULT = 0.3  # fraction of a layer's compute done before its router (attention, norms)
 SIM_PLOT_BANDWIDTHS = (0.5e9, 1e9, 2e9, 3e9, 5e9, 7e9, 10e9, 14e9, 20e9)  # bytes/s of the tok/s sweep
+# the consumer's default workers before route-time reads (ONEBIT_PREFETCH_THREADS_DEFAULT was 2): the page
+# model plays a report written then (its rows' config objects lack ``route``) with them
+PREFETCH_THREADS_BEFORE_ROUTE = 2

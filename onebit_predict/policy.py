@@ -36,7 +36,9 @@ from .constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
+    ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_THREADS,
     ENV_STATS,
     MAX_LAYERS,
@@ -49,6 +51,7 @@ from .constants import (
     PREFETCH_OFF,
     PREFETCH_ROOM_DEFAULT,
     PREFETCH_ROOM_MAX,
+    PREFETCH_ROUTE_CALL,
     PREFETCH_THREADS_DEFAULT,
     PREFETCH_THREADS_MAX,
 )
@@ -359,10 +362,20 @@ class PrefetchEnv(NamedTuple):
     threads: str | None = None  # ONEBIT_MOE_PREFETCH_THREADS
     guard: str | None = None  # ONEBIT_MOE_PREFETCH_GUARD
     room: str | None = None  # ONEBIT_MOE_PREFETCH_ROOM
+    route: str | None = None  # ONEBIT_MOE_PREFETCH_ROUTE
+    random: str | None = None  # ONEBIT_MOE_PREFETCH_RANDOM
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> PrefetchEnv:
-        names = (ENV_PREFETCH, ENV_PREFETCH_MAX_BYTES, ENV_PREFETCH_THREADS, ENV_PREFETCH_GUARD, ENV_PREFETCH_ROOM)
+        names = (
+            ENV_PREFETCH,
+            ENV_PREFETCH_MAX_BYTES,
+            ENV_PREFETCH_THREADS,
+            ENV_PREFETCH_GUARD,
+            ENV_PREFETCH_ROOM,
+            ENV_PREFETCH_ROUTE,
+            ENV_PREFETCH_RANDOM,
+        )
         return cls(*(environ.get(name) for name in names))
 
 
@@ -370,11 +383,19 @@ class PrefetchEnv(NamedTuple):
 class PrefetchPolicy:
     """The prefetch consumer as parsed (C ``struct onebit_prefetch_policy``)."""
 
-    mode: int  # PREFETCH_OFF, PREFETCH_ADVISE or PREFETCH_READ
+    mode: int  # the workers' call: PREFETCH_OFF, PREFETCH_ADVISE, PREFETCH_READ or PREFETCH_POPULATE
     n_threads: int  # read-mode workers, in [1, PREFETCH_THREADS_MAX]
     max_bytes: int  # cap on speculative bytes per token of a ubatch, 0 = no cap
     guard: int = PREFETCH_GUARD_DEFAULT  # tokens per probe of the guard, 0 = no guard
     room: float = PREFETCH_ROOM_DEFAULT  # a binary32 value: the room rule's ratio, 0 = no rule
+    speculative: bool = False  # read the predicted experts ahead of their layer (a call and a predictor)
+    route: bool = False  # read each layer's routed experts as soon as its router ran (route time)
+    random: bool = False  # readahead off on the expert tensors (MADV_RANDOM): faults read single pages
+
+
+def prefetch_mode_name(mode: int) -> str:
+    """The name of a consumer mode, "off" for any value that is not one (onebit_prefetch_mode_name in C)."""
+    return PREFETCH_NAMES.get(mode, PREFETCH_NAMES[PREFETCH_OFF])
 
 
 def _parse_prefetch_mode(raw: str | None, warnings: list[str]) -> int:
@@ -395,14 +416,45 @@ def _parse_byte_count(t: str) -> int | None:
     return v * unit
 
 
+class _Reads(NamedTuple):
+    """What the consumer reads and with which call (the first fields onebit_prefetch_parse sets)."""
+
+    mode: int  # the workers' call
+    speculative: bool  # predicted experts, ahead of their layer
+    route: bool  # each layer's routed experts, at route time
+    random: bool  # readahead off on the expert tensors
+
+
+def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _Reads:
+    """ONEBIT_MOE_PREFETCH, _ROUTE and _RANDOM: speculative reads need a call and a predictor;
+    route-time reads need neither and use PREFETCH_ROUTE_CALL when no call is named; readahead
+    off needs the consumer on."""
+    mode = _parse_prefetch_mode(env.mode, warnings)
+    route = _parse_bool(ENV_PREFETCH_ROUTE, env.route, warnings)
+    random = _parse_bool(ENV_PREFETCH_RANDOM, env.random, warnings)
+    if mode != PREFETCH_OFF and predict_mode == MODE_OFF and not route:
+        warnings.append(
+            f"{ENV_PREFETCH}={prefetch_mode_name(mode)} needs {ENV_MODE}=router, block or learned, "
+            f"or {ENV_PREFETCH_ROUTE}=1; using off"
+        )
+        mode = PREFETCH_OFF
+    speculative = mode != PREFETCH_OFF and predict_mode != MODE_OFF
+    if route and mode == PREFETCH_OFF:
+        mode = PREFETCH_ROUTE_CALL  # route-time reads without a named call
+    if random and mode == PREFETCH_OFF:
+        warnings.append(
+            f"{ENV_PREFETCH_RANDOM}=1 needs the consumer on ({ENV_PREFETCH} or {ENV_PREFETCH_ROUTE}); ignored"
+        )
+        random = False
+    return _Reads(mode, speculative, route, random)
+
+
 def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, list[str]]:
     """Parse the prefetch consumer's knobs (onebit_prefetch_parse in C); predict_mode is the parsed
-    ONEBIT_MOE_PREDICT, since a consumer needs a predictor. The warnings come in C's order."""
+    ONEBIT_MOE_PREDICT: speculative reads need a predictor, route-time reads do not. The warnings
+    come in C's order."""
     warnings: list[str] = []
-    mode = _parse_prefetch_mode(env.mode, warnings)
-    if mode != PREFETCH_OFF and predict_mode == MODE_OFF:
-        warnings.append(f"{ENV_PREFETCH}={PREFETCH_NAMES[mode]} needs {ENV_MODE}=router or block; using off")
-        mode = PREFETCH_OFF
+    reads = _parse_reads(env, predict_mode, warnings)
 
     max_bytes = 0
     t = _lower_ascii(_trim(env.max_bytes))
@@ -464,5 +516,14 @@ def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy,
             room = PREFETCH_ROOM_MAX
         else:
             room = v
-    policy = PrefetchPolicy(mode=mode, n_threads=n_threads, max_bytes=max_bytes, guard=guard, room=room)
+    policy = PrefetchPolicy(
+        mode=reads.mode,
+        n_threads=n_threads,
+        max_bytes=max_bytes,
+        guard=guard,
+        room=room,
+        speculative=reads.speculative,
+        route=reads.route,
+        random=reads.random,
+    )
     return policy, warnings

@@ -48,17 +48,8 @@ from .constants import (
     TRACE_FLAG_PREDICTED,
     TRACE_HDR_AHEAD_MASK,
     TRACE_HDR_AHEAD_SHIFT,
-    TRACE_HDR_FLAG_DEBUG_LEAK,
-    TRACE_HDR_FLAG_DEBUG_SELF,
-    TRACE_HDR_FLAG_INCOMPLETE,
-    TRACE_HDR_FLAG_NO_ATTN,
-    TRACE_HDR_FLAG_OPEN,
     TRACE_HDR_FLAG_PREFETCH_TOTALS,
-    TRACE_HDR_FLAG_STATS,
-    TRACE_HDR_FLAG_UNCHECKED,
     TRACE_HDR_FLAGS_KNOWN,
-    TRACE_HDR_GUARD_MASK,
-    TRACE_HDR_GUARD_SHIFT,
     TRACE_HEADER_SIZE,
     TRACE_MAGIC,
     TRACE_MAX_DEPTH,
@@ -72,6 +63,7 @@ from .constants import (
     TRACE_VERSION_DISTANCE,
     TRACE_VERSIONS_READ,
 )
+from .trace_flags import HeaderFlags
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +151,9 @@ def _c_string(raw: bytes) -> str:
 
 
 @dataclass(frozen=True)
-class TraceHeader:
-    """Every field of the 512-byte header, with the mask and the strings decoded."""
+class TraceHeader(HeaderFlags):
+    """Every field of the 512-byte header, with the mask and the strings decoded (the flags word's
+    bits and fields: the properties of ``HeaderFlags``)."""
 
     version: int
     header_size: int
@@ -177,7 +170,7 @@ class TraceHeader:
     layer_mask: frozenset[int]  # the predicted layers
     arch: str
     model: str
-    prefetch_mode: int = 0  # PREFETCH_OFF, _ADVISE, _READ
+    prefetch_mode: int = 0  # PREFETCH_OFF, _ADVISE, _READ, _POPULATE
     prefetch_threads: int = 0
     prefetch_max_bytes: int = 0  # per token, 0 = no cap
     prefetch_totals: PrefetchTotals | None = None  # None unless the consumer ran and the context was freed
@@ -399,56 +392,13 @@ class TraceHeader:
         return MODE_NAMES[self.mode]
 
     @property
-    def no_attn(self) -> bool:
-        return bool(self.flags & TRACE_HDR_FLAG_NO_ATTN)
-
-    @property
     def prefetch_name(self) -> str:
         return PREFETCH_NAMES[self.prefetch_mode]
-
-    @property
-    def stats(self) -> bool:
-        return bool(self.flags & TRACE_HDR_FLAG_STATS)
-
-    @property
-    def debug_self(self) -> bool:
-        """A control trace: each layer ranked by its own router."""
-        return bool(self.flags & TRACE_HDR_FLAG_DEBUG_SELF)
-
-    @property
-    def debug_leak(self) -> bool:
-        """The negative control was built into the context's graphs."""
-        return bool(self.flags & TRACE_HDR_FLAG_DEBUG_LEAK)
-
-    @property
-    def graph_check_off(self) -> bool:
-        """The negative control ran with the graph check off (``_DEBUG_LEAK=1``)."""
-        return bool(self.flags & TRACE_HDR_FLAG_UNCHECKED)
-
-    @property
-    def open(self) -> bool:
-        """The writer never freed its context (it died, or is still writing): not closed cleanly."""
-        return bool(self.flags & TRACE_HDR_FLAG_OPEN)
-
-    @property
-    def incomplete(self) -> bool:
-        """A write of records failed (e.g. a full disk): the file lacks records."""
-        return bool(self.flags & TRACE_HDR_FLAG_INCOMPLETE)
 
     @property
     def dtype(self) -> np.dtype:
         """The structured dtype of this trace's records."""
         return record_dtype(self.n_expert_used, self.depth)
-
-    @property
-    def ahead(self) -> int:
-        """ONEBIT_MOE_PREDICT_AHEAD of the run: layer l predicted layer l+ahead (1 before version 3)."""
-        return (self.flags & TRACE_HDR_AHEAD_MASK) >> TRACE_HDR_AHEAD_SHIFT or 1
-
-    @property
-    def prefetch_guard(self) -> int:
-        """The consumer's guard window, tokens per probe (0: none, or a trace before version 3)."""
-        return (self.flags & TRACE_HDR_GUARD_MASK) >> TRACE_HDR_GUARD_SHIFT
 
     @property
     def has_distance(self) -> bool:

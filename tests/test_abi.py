@@ -1,7 +1,7 @@
 """The ctypes structures the sidecar passes to libllama match the C layout of the patched tree:
 ``struct llama_context_params`` (llama-cpp-python's, passed by value to onebit_init_from_model)
-and ``struct onebit_moe_params`` (ours), size and every field's offset, read from a C program
-compiled against the tree's headers."""
+and ``struct onebit_moe_params`` and ``struct onebit_moe_stats`` (ours), size and every field's
+offset, read from a C program compiled against the tree's headers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from onebit_predict.llama.moe_api import OnebitMoeParams
+from onebit_predict.llama.moe_stats import OnebitMoeStats
 from onebit_predict.llama.paths import llama_tree
 from onebit_predict.llama.runner import llama
 
@@ -39,9 +40,10 @@ def c_layout(tmp_path, struct: str, fields: list[str]) -> tuple[int, list[int]]:
     return size, offs
 
 
-@pytest.mark.parametrize("name", ["onebit_moe_params", "llama_context_params"])
+@pytest.mark.parametrize("name", ["onebit_moe_params", "onebit_moe_stats", "llama_context_params"])
 def test_ctypes_structures_match_the_c_layout(name, tmp_path):
-    cls = OnebitMoeParams if name == "onebit_moe_params" else llama().llama_context_params
+    ours = {"onebit_moe_params": OnebitMoeParams, "onebit_moe_stats": OnebitMoeStats}
+    cls = ours[name] if name in ours else llama().llama_context_params
     fields = [f[0] for f in cls._fields_]
     size, offsets = c_layout(tmp_path, name, fields)
     assert ctypes.sizeof(cls) == size

@@ -118,8 +118,9 @@ def test_every_report_row_carries_its_configuration(tmp_path):
                               c.config))  # fmt: skip
     report = {"memory_limits": [64 << 20], "rows": [asdict(r) for r in rows]}
     assert report["rows"][-1]["config"] == {"predictor": "router", "consumer": "advise", "oracle": True,
-                                            "ahead": None, "depth": None, "guard": None, "room": None,
-                                            "read_ahead_kb": None, "drive": None}  # fmt: skip
+                                            "route": False, "random": False, "ahead": None, "depth": None,
+                                            "guard": None, "room": None, "workers": None, "read_ahead_kb": None,
+                                            "drive": None}  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(report))
     back = load_measured(tmp_path / "r.json")
     assert back.knobs_recorded and [r.config for r in back.rows] == [c.config for c in memory_configs(tmp_path, 16)]
@@ -177,6 +178,28 @@ def _require_cgroup() -> None:
         MemoryCgroup("onebit-test-probe", 64 << 20).remove()
     except CgroupError as e:
         pytest.skip(f"no memory cgroup here: {e}")
+
+
+def test_a_learned_row_needs_its_sidecar(monkeypatch, capsys, tmp_path):
+    """A learned row of --rows without --learned, or with a file that does not exist, is exit 2 before the
+    build is looked for; with it, the row's environment names the sidecar."""
+
+    def no_build():
+        raise AssertionError("the build was looked for")
+
+    monkeypatch.setattr("onebit_predict.commands.bench.build_info", no_build)
+    argv = [str(MODEL), "--memory-limit", "64MiB", "--rows", "learned + read + route"]
+    for extra in ([], ["--learned", str(tmp_path / "missing.gguf")]):
+        assert bench_main([*argv, *extra]) == EXIT_USAGE
+        assert "needs --learned FILE" in capsys.readouterr().err
+    sidecar = tmp_path / "s.gguf"
+    sidecar.write_bytes(b"x")
+    plans = memory_configs(tmp_path, 4, rows=("learned + read + route",), learned=sidecar)
+    assert (
+        plans[1].env["ONEBIT_MOE_PREDICT_LEARNED"] == str(sidecar) and "ONEBIT_MOE_PREDICT_LEARNED" not in plans[0].env
+    )
+    with pytest.raises(ValueError, match="needs the learned predictor's sidecar"):
+        memory_configs(tmp_path, 4, rows=("learned + read + route",))
 
 
 def test_memory_limit_takes_odd_rounds(monkeypatch, capsys, tmp_path):
@@ -378,6 +401,27 @@ def test_each_configuration_runs_at_each_read_ahead(tmp_path, monkeypatch, capsy
     (tmp_path / "r.json").write_text(out.out)
     back = load_measured(tmp_path / "r.json")
     assert [r.read_ahead_kb for r in back.rows] == [128, 256, 128, 256] and back.read_ahead_kb is None
+
+
+@pytest.mark.needs_build
+def test_route_rows_measure_what_the_routed_experts_lacked(tmp_path, capsys):
+    """--rows by name: route time alone and with a prediction run side by side with off; a route row
+    reports the bytes per token its routed experts lacked when routed (the floor), others none."""
+    _require_cgroup()
+    model = _private_model(tmp_path)
+    rows = "route; block + read + route, workers 4"
+    argv = [str(model), "--memory-limit", "64MiB", "--rounds", "1", "--generate", "4", "--prompt", "8", "--json"]
+    assert bench_main([*argv, "--rows", rows]) == EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    got = {r["name"]: r for r in doc["rows"]}
+    assert list(got) == ["patched off", "route", "block + read + route, workers 4"]
+    assert got["patched off"]["route_missing_per_token"] is None
+    for name in ("route", "block + read + route, workers 4"):
+        assert got[name]["route_missing_per_token"] is not None and got[name]["route_missing_per_token"] >= 0
+        assert got[name]["env"]["ONEBIT_MOE_PREFETCH_ROUTE"] == "1"
+    assert RowConfig.from_fields(got["route"]["config"]) == RowConfig(route=True)
+    assert bench_main([*argv, "--rows", "route + route"]) == EXIT_USAGE
+    assert "--rows: 'route + route'" in capsys.readouterr().err
 
 
 @pytest.mark.needs_build

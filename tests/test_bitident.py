@@ -13,7 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from onebit_predict.checks.bitident import MODES, first_mismatch, prediction_problem
+from onebit_predict.checks.bitident import (
+    MODES,
+    first_mismatch,
+    mode_route,
+    prediction_problem,
+    route_problem,
+    split_mode,
+)
 from onebit_predict.commands.bitident import main as bitident_main
 from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, MODE_ROUTER
 from onebit_predict.llama.tiny import TINY_ARCHS
@@ -40,7 +47,7 @@ def test_identical_and_predicted(arch, tiny_model, capsys):
     for r in report["results"]:
         assert r["mismatch"] is None and r["problem"] is None
         assert r["ran"] == r["mode"]  # block really ran block on every covered architecture
-        assert r["predicted_rows"] > 0
+        assert r["predicted_rows"] > 0 or r["mode"] == "route"  # route time alone predicts nothing
 
 
 @pytest.mark.needs_build
@@ -239,3 +246,20 @@ def test_without_extra_buffer_types(tiny_model, capsys):
                         "two sequences", "--json"])  # fmt: skip
     report = json.loads(capsys.readouterr().out)
     assert rc == EXIT_OK and report["identical"] and len(report["results"]) == 1
+
+
+def test_route_modes_and_their_proof():
+    """``route`` alone and ``PREDICTOR+CONSUMER+route`` are modes; a route mode passes only when the
+    context's counters show route time at work."""
+    assert split_mode("route") == ("off", None) and mode_route("route")
+    assert split_mode("block+populate+route") == ("block", "populate") and mode_route("block+populate+route")
+    assert not mode_route("block+read") and split_mode("off") == ("off", None)  # the reference itself
+    for bad in ("off+route", "route+route", "populate+route", "block+route+read"):
+        with pytest.raises(ValueError):
+            split_mode(bad)
+    routed = {"route": 1, "route_bytes": 0, "route_resident": 4096, "prefetch_failed": 0}
+    assert route_problem(routed) is None
+    assert "does not read at route time" in route_problem(None)
+    assert "does not read at route time" in route_problem(routed | {"route": 0})
+    assert "looked at no routed expert" in route_problem(routed | {"route_resident": 0})
+    assert "failed" in route_problem(routed | {"prefetch_failed": 2})

@@ -176,7 +176,7 @@ def _completion(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
         ("--moe-predict", "blok", "is not one of off|router|block|learned"),
         ("--moe-predict-depth", "x", "is not a non-negative integer"),
         ("--moe-predict-margin", "-1", "is not a finite non-negative number"),
-        ("--moe-prefetch", "always", "is not one of off|advise|read"),
+        ("--moe-prefetch", "always", "is not one of off|advise|read|populate"),
         ("--moe-prefetch-max-bytes", "12q", "is not a byte count"),
         ("--moe-prefetch-threads", "99", "exceeds 16"),
     ],
@@ -197,6 +197,7 @@ def test_flags_reach_the_context_and_win_over_the_environment(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     h = Trace.open(trace).header
     assert (h.mode_name, h.prefetch_name, h.depth_requested) == ("block", "read", 3)
+    assert (h.speculative, h.route, h.random, h.prefetch_threads) == (True, False, False, 8)  # 8: the default
     # the flag's variable, LLAMA_ARG_MOE_PREDICT, as llama.cpp's parser gives every flag
     out = _completion("--moe-predict-out", str(trace), env=tool_env(None) | {"LLAMA_ARG_MOE_PREDICT": "router"})
     assert out.returncode == 0 and Trace.open(trace).header.mode_name == "router"

@@ -78,7 +78,9 @@ def test_an_idle_server_has_counted_nothing(tmp_path):
         # /props: what the context runs, and the flags as given ("" where a flag was not given)
         ob = props["onebit_moe"]
         assert (ob["predict"], ob["prefetch"]) == ("block", "advise")
+        assert (ob["speculative"], ob["route"]) == (True, False)  # a call and a predictor; no route-time reads
         assert ob["flags"]["moe_predict_out"] == str(trace) and ob["flags"]["moe_predict_depth"] == ""
+        assert (ob["flags"]["moe_prefetch_route"], ob["flags"]["moe_prefetch_random"]) == ("", "")
 
 
 def test_metrics_help_names_the_learned_mode(tmp_path):
@@ -86,6 +88,7 @@ def test_metrics_help_names_the_learned_mode(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=REQUEST_S) as r:
             text = r.read().decode()
     assert "0 off, 1 router, 2 block, 3 learned" in text
+    assert "onebit-predict: the consumer's call, 0 off, 1 advise, 2 read, 3 populate" in text
 
 
 def test_bench_refuses_a_consumer_without_a_predictor():

@@ -8,6 +8,7 @@ and block+read (tests/test_bitident.py); these tests check that it did its job.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from onebit_predict.constants import (
     PREFETCH_ADVISE,
     PREFETCH_OFF,
     PREFETCH_READ,
+    PREFETCH_THREADS_DEFAULT,
 )
 from onebit_predict.llama.evict import EVICTED_ENOUGH, ExpertPages, expert_spans
 from onebit_predict.llama.runner import Context, ContextSettings, Model, builtin_tokens
@@ -58,7 +60,8 @@ def test_consumer_issues_the_predicted_experts_and_counts_them(tiny_model, tmp_p
     path = tiny_model("qwen3moe")
     trace = run(path, tmp_path / "t.bin", {ENV_MODE: "router", ENV_PREFETCH: consumer}, evict=True)
     h = trace.header
-    assert (h.prefetch_mode, h.prefetch_max_bytes) == (mode, 0)
+    assert (h.prefetch_mode, h.prefetch_max_bytes, h.prefetch_threads) == (mode, 0, PREFETCH_THREADS_DEFAULT)
+    assert (h.speculative, h.route, h.random) == (True, False, False)  # flag bits 14, 12, 13
     t = h.prefetch_totals
     assert t is not None and consumer_problem(trace, consumer) is None
     # every predicted candidate row reads at least one expert: three tensor slices each (gate, up, down)
@@ -69,6 +72,35 @@ def test_consumer_issues_the_predicted_experts_and_counts_them(tiny_model, tmp_p
     assert t.touched_bytes <= t.bytes
     if consumer == "advise":
         assert t.touched_bytes == 0 and t.queue_full == 0
+
+
+def test_route_time_reads_the_routed_experts_alone(tiny_model, tmp_path, capfd):
+    """ONEBIT_MOE_PREFETCH_ROUTE=1 with the predictor off: the consumer reads each layer's routed experts
+    with the default call (read), speculates nothing; with _RANDOM=1 the header says so; evicted pages
+    are found missing when routed (route_bytes), and the log names both."""
+    from onebit_predict.llama.moe_stats import context_stats
+    from onebit_predict.llama.runner import llama
+
+    path = tiny_model("qwen3moe")
+    env = {ENV_OUT: str(tmp_path / "t.bin"), "ONEBIT_MOE_PREFETCH_ROUTE": "1", "ONEBIT_MOE_PREFETCH_RANDOM": "1"}
+    with Model(path) as model:
+        pages = ExpertPages(path)
+        pages.random_access()
+        method = pages.detect()[0]
+        toks = builtin_tokens(N_PROMPT + N_DECODE, model.n_vocab, 3)
+        with Context(model, ContextSettings(n_ubatch=8), env) as ctx:
+            ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [True] * N_PROMPT)
+            for i in range(N_DECODE):
+                pages.evict(method)
+                ctx.decode([toks[N_PROMPT + i]], [N_PROMPT + i], [0], [True])
+            stats = context_stats(llama(), ctx.ptr)
+        pages.close()
+    h = Trace.open(tmp_path / "t.bin").header
+    assert (h.prefetch_mode, h.speculative, h.route, h.random) == (PREFETCH_READ, False, True, True)
+    assert stats is not None and (stats["route"], stats["speculative"], stats["prefetch"]) == (1, 0, PREFETCH_READ)
+    assert stats["route_experts"] > 0 and stats["route_bytes"] > 0 and stats["prefetch_failed"] == 0
+    err = capfd.readouterr().err
+    assert "reads at route time" in err and "readahead off on the experts (MADV_RANDOM)" in err
 
 
 def test_cap_drops_what_it_cannot_afford(tiny_model, tmp_path):
@@ -91,13 +123,21 @@ def test_no_mmap_turns_the_consumer_off_with_a_notice(tiny_model, tmp_path, capf
 
 def test_consumer_needs_a_predictor(tiny_model, tmp_path, capfd):
     trace = run(tiny_model("qwen3moe"), tmp_path / "t.bin", {ENV_MODE: "off", ENV_PREFETCH: "advise"})
-    assert "ONEBIT_MOE_PREFETCH=advise needs ONEBIT_MOE_PREDICT=router or block; using off" in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert (
+        "ONEBIT_MOE_PREFETCH=advise needs ONEBIT_MOE_PREDICT=router, block or learned, "
+        "or ONEBIT_MOE_PREFETCH_ROUTE=1; using off" in err
+    )
     assert trace.header.prefetch_mode == PREFETCH_OFF
 
 
 def test_stats_print_the_consumer_table(tiny_model, tmp_path, capfd):
     run(tiny_model("olmoe"), tmp_path / "t.bin", {ENV_MODE: "block", ENV_PREFETCH: "advise", ENV_STATS: "1"})
     err = capfd.readouterr().err
+    # the consumer's create line: the call, what it reads, the default 8 workers
+    assert re.search(
+        r"onebit: moe-prefetch advise, reads predicted, \d+ layer\(s\), cap none, 8 worker\(s\), guard none\n", err
+    )
     assert "onebit: moe-prefetch stats, advise" in err
     assert any(line.startswith("onebit: total") for line in err.splitlines())
 

@@ -1,5 +1,5 @@
 """The prefetch consumer's policy (ONEBIT_MOE_PREFETCH*): onebit_predict.policy.parse_prefetch
-against every `prefetch` case of ctest_port/cases.tsv and its exact warning texts; then the C++
+against every `prefetch` and `route` case of ctest_port/cases.tsv and its exact warning texts; then the C++
 onebit_prefetch_parse (through cffi) against the same cases, and against the Python policy on
 random and malformed environments: same fields, same warnings.
 
@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctest_port.cases import GuardCase, PrefetchCase, RoomCase, read_cases
+from ctest_port.cases import GuardCase, PrefetchCase, RoomCase, RouteCase, read_cases
 from onebit_predict import constants as k
-from onebit_predict.policy import PrefetchEnv, PrefetchPolicy, parse_prefetch
+from onebit_predict.policy import PrefetchEnv, PrefetchPolicy, parse_prefetch, prefetch_mode_name
 
 CASES = [c for c in read_cases() if isinstance(c, PrefetchCase)]
+ROUTE_CASES = [c for c in read_cases() if isinstance(c, RouteCase)]
 WARN_CAP = 1 << 16
 LIMIT = k.PREFETCH_MAX_BYTES_LIMIT
 
@@ -40,6 +41,16 @@ def test_parse_prefetch(case: PrefetchCase) -> None:
     assert (p.mode, p.max_bytes, p.n_threads, len(warnings)) == case[3:]
 
 
+def test_there_are_route_cases() -> None:
+    assert len(ROUTE_CASES) >= 20
+
+
+@pytest.mark.parametrize("case", ROUTE_CASES, ids=lambda c: f"line{c.line}")
+def test_parse_route(case: RouteCase) -> None:
+    p, warnings = parse_prefetch(case.env, case.predict_mode)
+    assert (p.mode, p.speculative, p.route, p.random, len(warnings)) == case[3:]
+
+
 def test_from_environ() -> None:
     environ = {
         "ONEBIT_MOE_PREFETCH": "read",
@@ -50,9 +61,25 @@ def test_from_environ() -> None:
     assert PrefetchEnv.from_environ(environ) == PrefetchEnv("read", "64m", "4")
     assert PrefetchEnv.from_environ({}) == PrefetchEnv()
     assert parse_prefetch(PrefetchEnv.from_environ(environ), k.MODE_ROUTER) == (
-        PrefetchPolicy(mode=k.PREFETCH_READ, n_threads=4, max_bytes=64 << 20),
+        PrefetchPolicy(mode=k.PREFETCH_READ, n_threads=4, max_bytes=64 << 20, speculative=True),
         [],
     )
+    routed = {"ONEBIT_MOE_PREFETCH_ROUTE": "1", "ONEBIT_MOE_PREFETCH_RANDOM": "yes"}
+    assert PrefetchEnv.from_environ(routed) == PrefetchEnv(route="1", random="yes")
+    assert parse_prefetch(PrefetchEnv.from_environ(routed), k.MODE_OFF) == (
+        PrefetchPolicy(
+            mode=k.PREFETCH_ROUTE_CALL, n_threads=k.PREFETCH_THREADS_DEFAULT, max_bytes=0, route=True, random=True
+        ),
+        [],
+    )
+
+
+def test_every_variable_is_read() -> None:
+    """PrefetchEnv.from_environ reads one variable per field, each of them in ENV_ALL."""
+    environ = {name: f"v{i}" for i, name in enumerate(k.ENV_ALL)}
+    env = PrefetchEnv.from_environ(environ)
+    assert len(set(env)) == len(PrefetchEnv._fields) and None not in env
+    assert k.ENV_PREFETCH_ROUTE in k.ENV_ALL and k.ENV_PREFETCH_RANDOM in k.ENV_ALL
 
 
 def test_defaults() -> None:
@@ -65,22 +92,46 @@ def test_defaults() -> None:
 def test_warning_texts() -> None:
     _, warnings = parse_prefetch(PrefetchEnv(mode=" Turbo ", max_bytes=" 1.5M", threads="two "), k.MODE_ROUTER)
     assert warnings == [
-        "ONEBIT_MOE_PREFETCH=' Turbo ' is not one of off|advise|read; using off",
+        "ONEBIT_MOE_PREFETCH=' Turbo ' is not one of off|advise|read|populate; using off",
         "ONEBIT_MOE_PREFETCH_MAX_BYTES=' 1.5M' is not a byte count (N, Nk, Nm or Ng, at most 1 TiB); no cap",
-        "ONEBIT_MOE_PREFETCH_THREADS='two ' is not a non-negative integer; using 2",
+        "ONEBIT_MOE_PREFETCH_THREADS='two ' is not a non-negative integer; using 8",
     ]
     _, warnings = parse_prefetch(PrefetchEnv(mode="\tAdvise", max_bytes="1025G", threads="0"), k.MODE_OFF)
     assert warnings == [
-        "ONEBIT_MOE_PREFETCH=advise needs ONEBIT_MOE_PREDICT=router or block; using off",
+        "ONEBIT_MOE_PREFETCH=advise needs ONEBIT_MOE_PREDICT=router, block or learned, "
+        "or ONEBIT_MOE_PREFETCH_ROUTE=1; using off",
         "ONEBIT_MOE_PREFETCH_MAX_BYTES='1025G' is not a byte count (N, Nk, Nm or Ng, at most 1 TiB); no cap",
-        "ONEBIT_MOE_PREFETCH_THREADS=0 must be at least 1; using 2",
+        "ONEBIT_MOE_PREFETCH_THREADS=0 must be at least 1; using 8",
     ]
     _, warnings = parse_prefetch(PrefetchEnv(mode="READ", max_bytes="\u0661", threads=" +0017 "), k.MODE_OFF)
     assert warnings == [
-        "ONEBIT_MOE_PREFETCH=read needs ONEBIT_MOE_PREDICT=router or block; using off",
+        "ONEBIT_MOE_PREFETCH=read needs ONEBIT_MOE_PREDICT=router, block or learned, "
+        "or ONEBIT_MOE_PREFETCH_ROUTE=1; using off",
         "ONEBIT_MOE_PREFETCH_MAX_BYTES='\u0661' is not a byte count (N, Nk, Nm or Ng, at most 1 TiB); no cap",
         "ONEBIT_MOE_PREFETCH_THREADS=17 exceeds 16; clamped to 16",
     ]
+
+
+def test_route_warning_texts() -> None:
+    """The order is C's: the call, _ROUTE, _RANDOM, then the call's need, then _RANDOM's."""
+    _, warnings = parse_prefetch(PrefetchEnv(mode=" Populate", route="maybe", random=" 1"), k.MODE_OFF)
+    assert warnings == [
+        "ONEBIT_MOE_PREFETCH_ROUTE='maybe' is not one of 1|0|true|false|yes|no|on|off; using 0",
+        "ONEBIT_MOE_PREFETCH=populate needs ONEBIT_MOE_PREDICT=router, block or learned, "
+        "or ONEBIT_MOE_PREFETCH_ROUTE=1; using off",
+        "ONEBIT_MOE_PREFETCH_RANDOM=1 needs the consumer on (ONEBIT_MOE_PREFETCH or ONEBIT_MOE_PREFETCH_ROUTE); "
+        "ignored",
+    ]
+    p, warnings = parse_prefetch(PrefetchEnv(mode="fast", random="2"), k.MODE_BLOCK)
+    assert warnings == [
+        "ONEBIT_MOE_PREFETCH='fast' is not one of off|advise|read|populate; using off",
+        "ONEBIT_MOE_PREFETCH_RANDOM='2' is not one of 1|0|true|false|yes|no|on|off; using 0",
+    ]
+    assert (p.mode, p.speculative, p.route, p.random) == (k.PREFETCH_OFF, False, False, False)
+
+
+def test_prefetch_mode_name() -> None:
+    assert [prefetch_mode_name(m) for m in range(-1, 5)] == ["off", "off", "advise", "read", "populate", "off"]
 
 
 @pytest.mark.parametrize(
@@ -126,8 +177,16 @@ def c_parse_prefetch(c_policy, env: PrefetchEnv, predict_mode: int) -> tuple[Pre
     c_env = ffi.new("struct onebit_prefetch_env *", strings)
     n_warn = lib.onebit_prefetch_parse(c_env, predict_mode, out, warn, WARN_CAP)
     policy = PrefetchPolicy(
-        mode=out.mode, n_threads=out.n_threads, max_bytes=out.max_bytes, guard=out.guard, room=out.room
+        mode=out.mode,
+        n_threads=out.n_threads,
+        max_bytes=out.max_bytes,
+        guard=out.guard,
+        room=out.room,
+        speculative=bool(out.speculative),
+        route=bool(out.route),
+        random=bool(out.random),
     )
+    assert {out.speculative, out.route, out.random} <= {0, 1}
     return policy, n_warn, ffi.string(warn).decode()
 
 
@@ -142,11 +201,13 @@ def assert_prefetch_parity(c_policy, env: PrefetchEnv, predict_mode: int) -> tup
 
 def test_c_constants(c_policy) -> None:
     _, lib = c_policy
-    assert (lib.ONEBIT_PREFETCH_OFF, lib.ONEBIT_PREFETCH_ADVISE, lib.ONEBIT_PREFETCH_READ) == (
-        k.PREFETCH_OFF,
-        k.PREFETCH_ADVISE,
-        k.PREFETCH_READ,
-    )
+    assert (
+        lib.ONEBIT_PREFETCH_OFF,
+        lib.ONEBIT_PREFETCH_ADVISE,
+        lib.ONEBIT_PREFETCH_READ,
+        lib.ONEBIT_PREFETCH_POPULATE,
+    ) == (k.PREFETCH_OFF, k.PREFETCH_ADVISE, k.PREFETCH_READ, k.PREFETCH_POPULATE)
+    assert lib.ONEBIT_PREFETCH_ROUTE_CALL == k.PREFETCH_ROUTE_CALL
     assert lib.ONEBIT_PREFETCH_THREADS_DEFAULT == k.PREFETCH_THREADS_DEFAULT
     assert lib.ONEBIT_PREFETCH_THREADS_MAX == k.PREFETCH_THREADS_MAX
     assert lib.ONEBIT_PREFETCH_MAX_BYTES_LIMIT == k.PREFETCH_MAX_BYTES_LIMIT
@@ -168,10 +229,43 @@ def test_c_parse_prefetch(c_policy, case: PrefetchCase) -> None:
     assert (p.mode, p.max_bytes, p.n_threads, n_warn) == case[3:]
 
 
+@pytest.mark.parametrize("case", ROUTE_CASES, ids=lambda c: f"line{c.line}")
+def test_c_parse_route(c_policy, case: RouteCase) -> None:
+    p, n_warn = assert_prefetch_parity(c_policy, case.env, case.predict_mode)
+    assert (p.mode, p.speculative, p.route, p.random, n_warn) == case[3:]
+
+
+def test_c_prefetch_mode_name(c_policy) -> None:
+    ffi, lib = c_policy
+    for mode in range(-2, 6):
+        assert ffi.string(lib.onebit_prefetch_mode_name(mode)).decode() == prefetch_mode_name(mode)
+
+
 # the raw material: the grammar's own characters, ASCII whitespace, and non-ASCII look-alikes
 # (Unicode digits and spaces, KELVIN SIGN, dotted capital I, control characters str.strip eats)
 ALPHABET = " \t\n\r\f\v0123456789+-._xbeEiIkKmMgGtTadrsvo\u0661\u00b2\uff11\u00a0\u2003\u0085\u212a\u0130\x1c\x1f\u00e9"
-WORDS = ["off", "advise", "read", "on", "madvise", "router", "block", "kib", "mib", "gib", "k", "m", "g"]
+WORDS = [
+    "off",
+    "advise",
+    "read",
+    "populate",
+    "on",
+    "madvise",
+    "router",
+    "block",
+    "kib",
+    "mib",
+    "gib",
+    "k",
+    "m",
+    "g",
+    "1",
+    "0",
+    "true",
+    "false",
+    "yes",
+    "no",
+]
 MIXED_CASE = st.sampled_from(WORDS).flatmap(
     lambda w: st.sets(st.integers(0, len(w) - 1)).map(
         lambda up: "".join(("\u212a" if c == "k" else c.upper()) if i in up else c for i, c in enumerate(w))
@@ -246,8 +340,10 @@ VALUES = st.one_of(
     # ASCII and non-ASCII digits mixed (ARABIC-INDIC ONE, SUPERSCRIPT TWO, FULLWIDTH ONE), maybe suffixed
     st.tuples(st.text("0123456789\u0661\u00b2\uff11", min_size=1, max_size=13), st.sampled_from(SUFFIXES)).map("".join),
 )
-ENVS = st.builds(PrefetchEnv, VALUES, VALUES, VALUES, VALUES, VALUES)
-PREDICT_MODES = st.one_of(st.sampled_from([k.MODE_OFF, k.MODE_ROUTER, k.MODE_BLOCK]), st.integers(-3, 7))
+ENVS = st.builds(PrefetchEnv, *[VALUES] * len(PrefetchEnv._fields))
+PREDICT_MODES = st.one_of(
+    st.sampled_from([k.MODE_OFF, k.MODE_ROUTER, k.MODE_BLOCK, k.MODE_LEARNED]), st.integers(-3, 7)
+)
 
 
 @settings(max_examples=2000, deadline=None)

@@ -177,8 +177,13 @@ def test_a_value_kept_as_found_is_still_logged(tmp_path, caplog):
 
 
 CHILD = """
-import itertools, logging, sys, time
+import itertools, logging, signal, sys, time
 from onebit_predict.llama.read_ahead import ReadAhead
+# the dispositions of a process started from a terminal, whatever the test runner's were (a runner
+# started with nohup, or in the background of a script, ignores SIGHUP or SIGINT: the child inherits it)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
 logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 with ReadAhead(sys.argv[1], "vdz") as ra:
     for i in itertools.count():

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from onebit_predict.checks.bench_cold import cold_configs
-from onebit_predict.checks.bench_memory import memory_rows
+from onebit_predict.checks.bench_memory import chosen_rows, memory_rows, route_rows, rows_value
 from onebit_predict.costmodel.measured import load_measured
 from onebit_predict.costmodel.row_config import RowConfig, from_name, knob
 from onebit_predict.llama.moe_api import moe_params
@@ -66,7 +66,8 @@ def test_the_c_api_settings_leave_nothing_to_the_environment():
     [
         ({"predictor": "oracle"}, "unknown predictor"),
         ({"predictor": "router", "consumer": "touch"}, "unknown consumer"),
-        ({"consumer": "advise"}, "needs a predictor"),
+        ({"consumer": "advise"}, "needs a predictor or route"),
+        ({"predictor": "block", "random": True}, "needs the consumer on"),
         ({"predictor": "block", "consumer": "advise", "oracle": True}, "the oracle"),
         ({"predictor": "router", "consumer": "advise", "room": -1.0}, "room -1.0 is not float >= 0"),
         ({"predictor": "router", "ahead": 0}, "ahead 0 is not int >= 1"),
@@ -75,6 +76,41 @@ def test_the_c_api_settings_leave_nothing_to_the_environment():
 def test_a_configuration_is_checked(kw, message):
     with pytest.raises(ValueError, match=message):
         RowConfig(**kw)
+
+
+def test_route_time_configurations():
+    """Route time (the peers' mechanism) alone and with a prediction: its name, its variables, its C API
+    settings; the default set's rows keep their names, the route set's read back from theirs."""
+    route = RowConfig(route=True)
+    assert route.name == "route" and not route.speculative
+    assert route.env() == {"ONEBIT_MOE_PREFETCH": "off", "ONEBIT_MOE_PREFETCH_ROUTE": "1"}  # the default call
+    both = RowConfig("block", "read", route=True, workers=8)
+    assert both.name == "block + read + route, workers 8" and both.speculative
+    assert both.env() == {
+        "ONEBIT_MOE_PREDICT": "block",
+        "ONEBIT_MOE_PREFETCH": "read",
+        "ONEBIT_MOE_PREFETCH_ROUTE": "1",
+        "ONEBIT_MOE_PREFETCH_THREADS": "8",
+    }
+    exact = RowConfig(consumer="advise", route=True, random=True)
+    assert exact.name == "advise + route, exact" and exact.env()["ONEBIT_MOE_PREFETCH_RANDOM"] == "1"
+    p = moe_params(RowConfig("block", "read").knobs())
+    assert (p.prefetch_route, p.prefetch_random) == (b"", b"")  # controlled: the default, not the environment's
+    oracle = RowConfig("router", "read", oracle=True, route=True)
+    assert oracle.name == "oracle + read + route" and oracle.consumer_off() == RowConfig("router")
+    for c in [*route_rows(16), both, exact, oracle]:
+        assert from_name(c.name) == c and RowConfig.from_fields(json.loads(json.dumps(c.fields()))) == c
+    assert [c.name for c in memory_rows(16)][:3] == ["patched off", "router", "router + advise"]
+
+
+def test_the_rows_option():
+    assert rows_value("drives") == ("drives",) and chosen_rows(("drives",), 16) == route_rows(16)
+    assert chosen_rows(None, 16) == memory_rows(16)
+    named = chosen_rows(rows_value("route; block + read + route, workers 8; route"), 16)
+    assert named == [RowConfig(), RowConfig(route=True), RowConfig("block", "read", route=True, workers=8)]
+    for bad in ("block + touch", "route + route", "; ;", "advise"):
+        with pytest.raises(ValueError, match="--rows"):
+            rows_value(bad)
 
 
 def test_names_that_are_no_configuration():

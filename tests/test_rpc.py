@@ -43,7 +43,7 @@ BLOCK_FALLBACK = re.compile(
     r"the graph\); predicting with router"
 )
 NOT_IN_HOST = re.compile(
-    r"onebit: prefetch: (\d+) of (\d+) predicted layer\(s\) have expert weights not in host memory; "
+    r"onebit: prefetch: (\d+) of (\d+) MoE layer\(s\) have expert weights not in host memory; "
     r"not prefetched there"
 )
 

@@ -254,8 +254,8 @@ def test_page_table_and_json(capsys, tiny):
     assert rc == EXIT_OK, err
     report = json.loads(out)
     rows = {(r["limit_bytes"], r["configuration"]): r for r in report["rows"]}
-    assert set(rows) == {(lim, c) for lim in (8192, 65536) for c in ("patched off", "router", "router + advise",
-                                                                      "router + read", "oracle + advise")}  # fmt: skip
+    names = ("patched off", "route", "router", "router + advise", "router + read", "router + read + route")
+    assert set(rows) == {(lim, c) for lim in (8192, 65536) for c in (*names, "oracle + advise")}
     assert rows[(8192, "patched off")]["capacity_pages"] == 2
     assert rows[(65536, "patched off")]["major_faults_per_token"] == pytest.approx(2.0)  # 6 faults, 3 tokens
     assert report["model"]["bandwidth_bytes_s"] == {"value": 4096000.0, "source": "given"}
@@ -307,7 +307,9 @@ def memory_report(path: Path, rows: dict[str, float], limit: int = 65536, **top)
 
 
 def simulated(capsys, trace, limit=65536) -> dict[str, float]:
-    rc, out, _ = run_cli(capsys, trace, *PAGE_ARGS, "--memory-limit", str(limit), "--process-bytes", "0", "--json")
+    """The model's tok/s per configuration, with the workers of the consumer of memory_report's time (2)."""
+    args = [*PAGE_ARGS, "--memory-limit", str(limit), "--process-bytes", "0", "--prefetch-threads", "2", "--json"]
+    rc, out, _ = run_cli(capsys, trace, *args)
     assert rc == EXIT_OK
     return {r["configuration"]: r["tok_s"] for r in json.loads(out)["rows"]}
 

@@ -10,7 +10,18 @@ import struct
 import numpy as np
 import pytest
 
-from onebit_predict.constants import MODE_BLOCK, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from onebit_predict.commands.stats_out import header_dict, prefetch_summary
+from onebit_predict.constants import (
+    MODE_BLOCK,
+    PREFETCH_ADVISE,
+    PREFETCH_POPULATE,
+    TRACE_FLAG_DECODE,
+    TRACE_FLAG_PREDICTED,
+    TRACE_HDR_FLAG_RANDOM,
+    TRACE_HDR_FLAG_ROUTE,
+    TRACE_HDR_FLAG_SPECULATIVE,
+    TRACE_HDR_FLAGS_KNOWN,
+)
 from onebit_predict.trace import Trace, TraceError, TraceHeader, open_trace, record_dtype
 
 
@@ -284,3 +295,60 @@ def test_unknown_prefetch_mode_is_rejected(tmp_path):
     path.write_bytes(bytes(head))
     with pytest.raises(TraceError, match="unknown prefetch mode 7"):
         Trace.open(path)
+
+
+# --- the consumer's bits 12..14: route time, readahead off, speculative ----------------------
+
+
+def test_consumer_bits_at_their_documented_offset(tmp_path):
+    """Bits 12, 13 and 14 of the u32 at offset 52, and the populate call (3), packed by hand."""
+    head = bytearray(doc_header(version=3))
+    flags = struct.unpack_from("<I", head, 52)[0] | 1 << 8 | 1 << 12 | 1 << 13 | 1 << 14 | 4 << 16
+    struct.pack_into("<I", head, 52, flags)
+    struct.pack_into("<IIq", head, 408, 3, 8, 0)
+    path = tmp_path / "t"
+    path.write_bytes(bytes(head))
+    h = Trace.open(path).header
+    assert (h.prefetch_name, h.prefetch_threads) == ("populate", 8)
+    assert (h.route, h.random, h.speculative) == (True, True, True)
+    assert (h.ahead, h.prefetch_guard, h.no_attn, h.stats) == (1, 4, True, True)  # the neighbours are untouched
+
+
+@pytest.mark.parametrize(
+    ("bit", "name"),
+    [(TRACE_HDR_FLAG_ROUTE, "route"), (TRACE_HDR_FLAG_RANDOM, "random"), (TRACE_HDR_FLAG_SPECULATIVE, "speculative")],
+)
+def test_each_consumer_bit_round_trips_alone(bit, name):
+    assert bit & TRACE_HDR_FLAGS_KNOWN == bit
+    names = ("route", "random", "speculative")
+    built = dataclasses.replace(small_header(flags=bit), prefetch_mode=PREFETCH_POPULATE, prefetch_threads=8)
+    h = TraceHeader.from_bytes(built.to_bytes())  # validated: the bit is not refused
+    assert {n: getattr(h, n) for n in names} == {n: n == name for n in names}
+    assert not getattr(TraceHeader.from_bytes(small_header().to_bytes()), name)
+
+
+def test_consumer_bits_are_distinct_and_bit_15_is_still_refused(tmp_path):
+    assert (TRACE_HDR_FLAG_ROUTE, TRACE_HDR_FLAG_RANDOM, TRACE_HDR_FLAG_SPECULATIVE) == (0x1000, 0x2000, 0x4000)
+    head = bytearray(small_header().to_bytes())
+    struct.pack_into("<I", head, 52, struct.unpack_from("<I", head, 52)[0] | 1 << 15)
+    with pytest.raises(TraceError, match="unknown bits 0x8000"):
+        TraceHeader.from_bytes(bytes(head))
+
+
+def test_stats_summary_names_what_the_consumer_read():
+    route_only = small_header(flags=TRACE_HDR_FLAG_ROUTE | TRACE_HDR_FLAG_RANDOM)
+    route_only = dataclasses.replace(route_only, prefetch_mode=PREFETCH_POPULATE, prefetch_threads=8)
+    line = prefetch_summary(route_only)
+    assert line.startswith("\nprefetch populate (reads at route time, readahead off) | cap none | 8 workers | totals")
+    both = dataclasses.replace(route_only, flags=route_only.flags ^ TRACE_HDR_FLAG_RANDOM | TRACE_HDR_FLAG_SPECULATIVE)
+    assert prefetch_summary(both).startswith("\nprefetch populate (reads predicted + at route time) | cap none")
+    d = header_dict(both)
+    assert (d["prefetch_mode"], d["prefetch_speculative"], d["prefetch_route"], d["prefetch_random"]) == (
+        "populate",
+        True,
+        True,
+        False,
+    )
+    # a trace from before the bits: the predicted experts were the consumer's only reads, said as before
+    old = dataclasses.replace(small_header(), prefetch_mode=PREFETCH_ADVISE, prefetch_threads=2)
+    assert prefetch_summary(old).startswith("\nprefetch advise | cap none | totals unknown")

@@ -59,8 +59,8 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import ENV_OUT, ENV_PREFETCH_DEBUG_ORACLE
-from ..costmodel.row_config import DRIVES, NATIVE, RowConfig
+from ..constants import ENV_LEARNED, ENV_OUT, ENV_PREFETCH_DEBUG_ORACLE
+from ..costmodel.row_config import DRIVES, NATIVE, RowConfig, from_name
 from ..trace import Trace
 from .bench_cold import RowPlan, pct, trace_figures
 from .rounds import BenchOptions, Config, DriveRun, collect, run_one
@@ -85,19 +85,81 @@ def memory_rows(n_expert: int) -> list[RowConfig]:
     return out
 
 
+def route_rows(n_expert: int) -> list[RowConfig]:
+    """Route time against prediction (``--rows drives``, docs/results.md): the predictor off; route alone
+    (the peers' mechanism, with the default call: read); router and block reading their predictions
+    (read) with route; block without route; the oracle with route (the upper bound of prediction +
+    route); today's block + advise; and the two candidates for the recommended configuration behind the
+    guard (4 tokens per probe)."""
+    del n_expert  # the same rows for every model
+    return [
+        RowConfig(),
+        RowConfig(route=True),
+        RowConfig("block", "read"),
+        RowConfig("router", "read", route=True),
+        RowConfig("block", "read", route=True),
+        RowConfig("router", "read", oracle=True, route=True),
+        RowConfig("block", "advise"),
+        RowConfig(route=True, guard=4),
+        RowConfig("block", "read", route=True, guard=4),
+    ]
+
+
+ROW_SETS = ("default", "drives")  # --rows: memory_rows, route_rows
+
+
+def rows_value(text: str) -> tuple[str, ...]:
+    """``--rows``: a set's name (default, drives) or configurations by name, separated by ``;``
+    (``patched off; route; block + advise + route, exact``); ValueError naming a bad one."""
+    if text in ROW_SETS:
+        return (text,)
+    names = tuple(n.strip() for n in text.split(";") if n.strip())
+    for n in names:
+        if from_name(n) is None:
+            raise ValueError(f"--rows: '{n}' is neither a set ({', '.join(ROW_SETS)}) nor a configuration's name")
+    if not names:
+        raise ValueError("--rows: no configuration named")
+    return names
+
+
+def chosen_rows(rows: Sequence[str] | None, n_expert: int) -> list[RowConfig]:
+    """The configurations ``--rows`` chose (None: the default set), the predictor off always first
+    (every ratio is taken against it)."""
+    if not rows or rows[0] in ROW_SETS:
+        return route_rows(n_expert) if rows and rows[0] == "drives" else memory_rows(n_expert)
+    out = [RowConfig()] + [c for c in (from_name(n) for n in rows) if c is not None]
+    return list(dict.fromkeys(out))  # each once, in order
+
+
+def require_learned(rows: Sequence[str] | None, learned: Path | None) -> None:
+    """A learned row of ``--rows`` has its sidecar, an existing file (ValueError, exit 2, otherwise)."""
+    if any(c.predictor == "learned" for c in chosen_rows(rows, 1)) and not (learned and learned.is_file()):
+        raise ValueError(f"--rows with a learned row needs --learned FILE, an existing sidecar (not {learned})")
+
+
 def memory_configs(
-    trace_dir: Path, n_expert: int, read_ahead_kb: Sequence[int] | None = None, drives: Sequence[str] | None = None
+    trace_dir: Path,
+    n_expert: int,
+    read_ahead_kb: Sequence[int] | None = None,
+    drives: Sequence[str] | None = None,
+    rows: Sequence[str] | None = None,
+    learned: Path | None = None,
 ) -> list[RowPlan]:
-    """:func:`memory_rows`, each as the worker runs it: its environment (the oracle's with the routing
-    recorded before the rounds) and its trace in ``trace_dir``; with ``read_ahead_kb``, each
-    configuration once at each value, side by side (the drive set to it before each of its runs); with
-    ``drives``, each of those once on each drive, side by side."""
+    """The configurations of ``rows`` (:func:`chosen_rows`), each as the worker runs it: its environment
+    (the oracle's with the routing recorded before the rounds, a learned row's with the sidecar
+    ``learned``: ValueError without one) and its trace in ``trace_dir``; with
+    ``read_ahead_kb``, each configuration once at each value, side by side (the drive set to it before
+    each of its runs); with ``drives``, each of those once on each drive, side by side."""
     out = []
-    for base in memory_rows(n_expert):
+    for base in chosen_rows(rows, n_expert):
         for kb in read_ahead_kb or [None]:
             for drive in drives or [None]:
                 row = replace(base, read_ahead_kb=kb, drive=drive)
                 env = row.env(oracle_source(trace_dir) if row.oracle else None)
+                if row.predictor == "learned":
+                    if learned is None:
+                        raise ValueError(f"'{row.name}' needs the learned predictor's sidecar: give --learned FILE")
+                    env[ENV_LEARNED] = str(learned)
                 trace = trace_dir / f"{re.sub(r'[^a-z0-9.]+', '-', row.name).strip('-')}.bin"  # one per name
                 run = Config(row.name, {**env, ENV_OUT: str(trace)}, read_ahead_kb=kb, drive=drive)
                 out.append(RowPlan(row, run))
@@ -287,6 +349,9 @@ class MemoryRow:
     drive_served_bytes: int | None = None
     drive_cpu_s: float | None = None
     drive_decode_cpu_s: float | None = None
+    # route-time rows: the bytes per decoded token the routed experts lacked in the page cache when routed
+    # (median over the rounds); the route-alone row's is the cell's floor (docs/results.md)
+    route_missing_per_token: float | None = None
 
 
 def measure_memory(
@@ -338,6 +403,9 @@ def measure_memory(
                     _median([s.drive_bytes for s in got]),
                     _median([s.drive_cpu_s for s in got]),
                     _median([s.drive_decode_cpu_s for s in got]),
+                    _median(
+                        [None if s.route_missing_bytes is None else s.route_missing_bytes / opts.generate for s in got]
+                    ),
                 )  # fmt: skip
             )
     return rows
@@ -362,6 +430,8 @@ def run_memory(
     setting: Any,
     drive_names: Sequence[str] | None = None,
     read_ahead_kb: Sequence[int] | None = None,
+    row_names: Sequence[str] | None = None,
+    learned: Path | None = None,
 ) -> tuple[list[MemoryRow], dict[str, Any], str]:
     """``onebit-bench --memory-limit``'s run: the cgroup proven makeable (CgroupError, exit 2), the native
     drive measured, its read_ahead_kb set per run through ``setting`` (llama/read_ahead.py
@@ -384,7 +454,7 @@ def run_memory(
         setting.applied() as read_ahead,
         drives_mounted(model, drive_names, read_ahead_kb, read_ahead) as drives,  # before any worker's cgroup
     ):
-        plans = memory_configs(Path(tmp), n_expert, read_ahead_kb, drive_names)
+        plans = memory_configs(Path(tmp), n_expert, read_ahead_kb, drive_names, row_names, learned)
         run_opts = replace(opts, read_ahead=read_ahead, drives=drives)
         rows = measure_memory(model, plans, lib, run_opts, limits, drive.bandwidth_mb_s)
     extra = {"memory_limits": list(limits), **setting.report(asdict(drive))}
@@ -410,8 +480,8 @@ def markdown_memory(rows: Sequence[MemoryRow], header: str) -> str:
         "",
         "| limit MiB | configuration | decode tok/s (median) | min | max | vs patched off | vs consumer off "
         "| MiB read/token | major faults/token | drive busy | read recall | experts prefetched | MiB prefetched "
-        "| of it resident | failed | emulator CPU s/run (decoding) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| of it resident | failed | MiB missing at route time/token | emulator CPU s/run (decoding) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
@@ -419,9 +489,13 @@ def markdown_memory(rows: Sequence[MemoryRow], header: str) -> str:
             f"{r.max_tok_s:.2f} | {r.ratio_to_off:.3f} | {r.ratio_to_consumer_off:.3f} | {r.read_mib_per_token:.2f} | "
             f"{r.major_faults_per_token:.1f} | {pct(r.drive_utilisation)} | {pct(r.read_recall)} | "
             f"{r.prefetched_experts} | {r.prefetched_bytes / 2**20:.1f} | {r.already_resident_bytes / 2**20:.1f} | "
-            f"{r.failed_ranges} | {_cpu(r)} |"
+            f"{r.failed_ranges} | {_mib(r.route_missing_per_token)} | {_cpu(r)} |"
         )
     return "\n".join(lines)
+
+
+def _mib(n: float | None) -> str:
+    return "-" if n is None else f"{n / 2**20:.2f}"
 
 
 def _cpu(r: MemoryRow) -> str:

@@ -2,16 +2,19 @@
 
 Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router, block and
 learned, and with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
-``PREDICTOR[@K][+CONSUMER]``, ``@K`` predicting K layers ahead), in several scenarios
+``PREDICTOR[@K][+CONSUMER][+route]``, ``@K`` predicting K layers ahead, ``+route`` reading each
+layer's routed experts at route time; ``route`` alone is route time without a predictor), in several scenarios
 (multi-ubatch prefill then single-token decode; two sequences in one batch; a state save and
 restore in the middle; flash attention on and off; 1 and 2 threads), and compares every logits
 row as bytes, never with a tolerance. A predictor run passes only if it also predicted: its
 trace must hold a PREDICTED record for every routed row of every predicted layer, each at the
 distance asked for, so a check that silently predicted nothing, or predicted one layer ahead
 when asked for two, cannot pass; with a consumer, the trace must also show that it ran, issued
-reads and had no failure. A trace that was not written whole (none at all, shorter than its
-header, INCOMPLETE or still OPEN: ``trace_written.written_problem``, e.g. ``--keep-traces`` on a full
-disk) fails its mode with that reason, never with what its missing bytes would seem to say.
+reads and had no failure; with route time, the context's counters (onebit_moe_get_stats) must
+show that it routes and that its op looked at the routed experts. A trace that was not written
+whole (none at all, shorter than its header, INCOMPLETE or still OPEN:
+``trace_written.written_problem``, e.g. ``--keep-traces`` on a full disk) fails its mode with that
+reason, never with what its missing bytes would seem to say.
 """
 
 from __future__ import annotations
@@ -33,11 +36,13 @@ from ..constants import (
     ENV_MODE,
     ENV_OUT,
     ENV_PREFETCH,
+    ENV_PREFETCH_ROUTE,
     MODE_NAMES,
     PREFETCH_NAMES,
     TRACE_FLAG_PREDICTED,
 )
-from ..llama.runner import Context, ContextSettings, Model, builtin_tokens
+from ..llama.moe_stats import context_stats
+from ..llama.runner import Context, ContextSettings, Model, builtin_tokens, llama
 from ..trace import Trace, TraceHeader
 from ..trace_written import written_problem
 
@@ -45,7 +50,18 @@ PREDICTORS = ("router", "block", "learned")
 CONSUMERS = tuple(name for name in PREFETCH_NAMES.values() if name != "off")
 # every predictor, every consumer and a lookahead of each predictor at least once; any
 # PREDICTOR[@K][+CONSUMER] is accepted
-MODES = ("router", "block", "router+advise", "block+read", "router@2", "block@3+advise", "learned@2")
+MODES = (
+    "router",
+    "block",
+    "router+advise",
+    "block+read",
+    "router@2",
+    "block@3+advise",
+    "learned@2",
+    "route",
+    "block+populate+route",
+)
+ROUTE = "route"  # a mode's last part: route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1)
 N_PREFILL = 24
 N_DECODE = 16
 
@@ -74,6 +90,7 @@ class RunOutput:
 
     rows: list[bytes] = field(default_factory=list)
     n_routed: int = 0  # token rows decoded (every row asks for logits, so no layer is trimmed)
+    stats: dict[str, int] | None = None  # the context's onebit counters as it ended (llama/moe_stats.py)
 
 
 @dataclass(frozen=True)
@@ -146,14 +163,24 @@ FEEDS: dict[str, Callable[[Context, RunOutput, list[int]], None]] = {
 
 def split_mode(mode: str) -> tuple[str, str | None]:
     """``block+read`` -> ("block", "read"); ``router`` -> ("router", None); ``router@2`` ->
-    ("router", None) (the distance: mode_ahead). ValueError if unknown."""
-    predictor, _, consumer = mode.partition("+")
+    ("router", None) (the distance: mode_ahead); ``block+read+route`` -> ("block", "read") (route
+    time: mode_route); ``route`` -> ("off", None). ValueError if unknown."""
+    base = mode[: -len("+" + ROUTE)] if mode.endswith("+" + ROUTE) else ("off" if mode == ROUTE else mode)
+    predictor, _, consumer = base.partition("+")
     predictor, at, ahead = predictor.partition("@")
     if predictor not in PREDICTORS + ("off",) or (consumer and (consumer not in CONSUMERS or predictor == "off")):
         raise ValueError(mode)
     if at and (predictor == "off" or ahead not in [str(k) for k in range(1, AHEAD_MAX + 1)]):
         raise ValueError(mode)
+    if base == "off" and mode not in (ROUTE, "off"):
+        raise ValueError(mode)
     return predictor, consumer or None
+
+
+def mode_route(mode: str) -> bool:
+    """Whether ``mode`` reads at route time (``+route``, or ``route`` alone)."""
+    split_mode(mode)
+    return mode == ROUTE or mode.endswith("+" + ROUTE)
 
 
 def mode_ahead(mode: str) -> int:
@@ -193,6 +220,7 @@ def run_env(mode: str, trace: Path | None, leak: bool, learned: Path | None = No
     env[ENV_MODE] = None if predictor == "off" else predictor
     env[ENV_AHEAD] = str(mode_ahead(mode)) if "@" in mode else None
     env[ENV_PREFETCH] = consumer
+    env[ENV_PREFETCH_ROUTE] = "1" if mode_route(mode) else None
     env[ENV_OUT] = str(trace) if trace else None
     env[ENV_DEBUG_LEAK] = DEBUG_LEAK_UNCHECKED if leak else None
     env[ENV_LEARNED] = str(learned) if predictor == "learned" and learned is not None else None
@@ -208,7 +236,20 @@ def run_once(
     out = RunOutput()
     with Context(model, scenario.settings, env) as ctx:
         FEEDS[scenario.feed](ctx, out, toks)
+        if mode != "off":
+            out.stats = context_stats(llama(), ctx.ptr)
     return out
+
+
+def route_problem(stats: dict[str, int] | None) -> str | None:
+    """Why the context's counters do not show route time at work, or None."""
+    if stats is None or not stats["route"]:
+        return "ONEBIT_MOE_PREFETCH_ROUTE=1 was asked for, the context does not read at route time"
+    if stats["route_bytes"] + stats["route_resident"] == 0:
+        return "the route-time op looked at no routed expert"
+    if stats["prefetch_failed"]:
+        return f"the consumer had {stats['prefetch_failed']} failed range(s)"
+    return None
 
 
 def first_mismatch(a: list[bytes], b: list[bytes]) -> Mismatch | None:
@@ -313,9 +354,13 @@ def run_problem(path: Path, n_routed: int, mode: str, leak: bool) -> tuple[int, 
         return 0, written, mode
     predictor, consumer = split_mode(mode)
     ahead = mode_ahead(mode)
+    header = Trace.open(path).header
+    if predictor == "off":  # route time alone: nothing predicted, the predictor off as asked
+        ran = MODE_NAMES.get(header.mode, "?")
+        return 0, None if ran == "off" else f"the predictor off was asked for, the trace records {ran}", ROUTE
     predicted, problem, ran = prediction_problem(path, n_routed, consumer, ahead)
-    settings = settings_problem(Trace.open(path).header, predictor, leak, ahead)
-    return predicted, settings or problem, ran
+    settings = settings_problem(header, predictor, leak, ahead)
+    return predicted, settings or problem, ran + ("+" + ROUTE if mode_route(mode) else "")
 
 
 def check_model(
@@ -342,6 +387,8 @@ def check_model(
                 leaky = leak and mode == "block"
                 out = run_once(model, sc, mode, path, leaky, seed, sidecars.get(mode))
                 predicted, problem, ran = run_problem(path, out.n_routed, mode, leaky)
+                if problem is None and mode_route(mode):
+                    problem = route_problem(out.stats)
                 mismatch = first_mismatch(ref.rows, out.rows)
                 results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))
     return results

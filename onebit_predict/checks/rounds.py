@@ -102,6 +102,7 @@ class Sample:
     drive_bytes: int | None = None  # an emulated drive: the bytes its emulator served over the whole run
     drive_cpu_s: float | None = None  # ... the emulator's CPU seconds over the whole run (it competes with the decode)
     drive_decode_cpu_s: float | None = None  # ... the emulator's CPU seconds while the worker decoded
+    route_missing_bytes: int | None = None  # route time: what the routed experts lacked in the page cache when routed
 
 
 def worker_env(lib_dir: Path) -> dict[str, str]:
@@ -177,6 +178,7 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         out["read_bytes"],
         out["major_faults"],
         out["seconds"],
+        route_missing_bytes=out.get("route_missing_bytes"),
     )
     if mount is None:
         return sample

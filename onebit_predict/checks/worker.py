@@ -69,6 +69,24 @@ def _drive_snapshot(drive_stats: tuple[int, Path] | None):
     return snapshot(*drive_stats)
 
 
+def _stats(ctx, opts: WorkerOptions) -> dict[str, int] | None:
+    """The context's onebit counters (llama/moe_stats.py), None on the unpatched build or with everything off."""
+    if opts.pristine:
+        return None
+    from ..llama.moe_stats import context_stats
+    from ..llama.runner import llama
+
+    return context_stats(llama(), ctx.ptr)
+
+
+def _route_missing(before: dict[str, int] | None, after: dict[str, int] | None) -> int | None:
+    """The bytes the routed experts lacked in the page cache when routed, between two counts (None without
+    route time)."""
+    if not (before and after and before["route"]):
+        return None
+    return after["route_bytes"] - before["route_bytes"]
+
+
 def mapped_libllama() -> str | None:
     """The libllama.so this process has mapped (/proc/self/maps), or None where it cannot tell."""
     try:
@@ -119,6 +137,7 @@ def run_worker(opts: WorkerOptions) -> dict:
             elapsed = 0.0
             left = 0.0 if pages is not None else None
             drive0 = _drive_snapshot(opts.drive_stats)
+            stats0 = _stats(ctx, opts)
             read0, faults0 = io_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
             for i in range(opts.generate):
                 if pages is not None:
@@ -132,6 +151,7 @@ def run_worker(opts: WorkerOptions) -> dict:
             read_bytes = io_read_bytes() - read0  # the decoded tokens' reads from the drive, all threads
             major_faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0
             drive = None if drive0 is None else _drive_snapshot(opts.drive_stats).minus(drive0)
+            stats1 = _stats(ctx, opts)
             if pages is not None:
                 pages.close()
     mib = sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(captured.getvalue()))
@@ -145,6 +165,8 @@ def run_worker(opts: WorkerOptions) -> dict:
         "seconds": elapsed,
         "drive_read_bytes": None if drive is None else drive.bytes,
         "drive_cpu_s": None if drive is None else drive.serve_cpu_s,
+        # route time (the consumer's route-time op): what the decoded tokens' routed experts lacked when routed
+        "route_missing_bytes": _route_missing(stats0, stats1),
         "patched": patched(),
         "libllama": mapped_libllama(),
         "onebit_symbols": onebit_symbols(),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..checks.bench import configs, markdown, measure
 from ..checks.bench_cold import cold_configs, detect_eviction, markdown_cold, measure_cold
-from ..checks.bench_memory import drive_value, require_drives
+from ..checks.bench_memory import drive_value, require_drives, require_learned, rows_value
 from ..checks.rounds import BenchOptions
 from ..constants import EXIT_OK
 from ..llama.paths import build_info, pristine_lib_dir
@@ -45,6 +45,7 @@ logger = logging.getLogger("onebit_predict")
 PROG = "onebit-bench"
 READ_AHEAD = "--memory-limit: run every configuration at each read_ahead_kb (128,8192) of the model's drive (root)"
 DRIVE = "--memory-limit: run every configuration on each drive: native (the model where it is), nvme, sata (emulated)"
+ROWS = "--memory-limit: the configurations, a set (default, drives) or names separated by ';' (default: default)"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -89,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--read-ahead-kb", type=arg_type(comma_list(read_ahead_value)), metavar="KB", help=READ_AHEAD)
     p.add_argument("--drive", type=arg_type(comma_list(drive_value)), metavar="DRIVES", help=DRIVE + "; default native")
+    p.add_argument("--rows", type=arg_type(rows_value), metavar="ROWS", help=ROWS)
+    p.add_argument(
+        "--learned", type=Path, metavar="FILE", help="--memory-limit: the sidecar of the rows' learned predictor"
+    )
     return p
 
 
@@ -97,7 +102,9 @@ def _options(args: argparse.Namespace) -> BenchOptions:
     (a usage error is exit 2 with its own message, never "run ./build.sh")."""
     if args.cold and args.memory_limit:
         raise UsageError("--cold and --memory-limit are two settings: give one")
-    for flag, given in (("--read-ahead-kb", args.read_ahead_kb), ("--drive", args.drive)):
+    require_learned(args.rows, args.learned)
+    for flag, given in (("--read-ahead-kb", args.read_ahead_kb), ("--drive", args.drive), ("--rows", args.rows),
+                        ("--learned", args.learned)):  # fmt: skip
         if given and not args.memory_limit:
             raise UsageError(f"{flag} is a dimension of --memory-limit runs: give --memory-limit too")
     if args.memory_limit and args.rounds % 2 == 0:
@@ -220,7 +227,9 @@ def _memory(
 ) -> int:
     from ..checks.bench_memory import markdown_memory, run_memory
 
-    rows, extra, words = run_memory(args.model, opts, lib, limits, setting, args.drive, args.read_ahead_kb)
+    rows, extra, words = run_memory(
+        args.model, opts, lib, limits, setting, args.drive, args.read_ahead_kb, args.rows, args.learned
+    )
     if args.json:
         print(json.dumps(_run_json(args.model, opts, rows) | {"expert_bytes": expert_bytes} | extra, indent=2))
         return EXIT_OK

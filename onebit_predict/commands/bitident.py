@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from ..checks.bitident import MODES, SCENARIOS, ModeResult, check_model, split_mode
+from ..checks.bitident import MODES, ROUTE, SCENARIOS, ModeResult, check_model, mode_route, split_mode
 from ..constants import ENV_ALL, EXIT_CHECK_FAILED, EXIT_OK
 from ..llama.runner import Model
 from ..moe_check import require_moe_model
@@ -40,8 +40,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--modes",
         default=",".join(MODES),
-        help="comma-separated modes to compare with off: router or block, optionally @K (predict K = 1..3 "
-        "layers ahead), optionally +advise or +read (the prefetch consumer)",
+        help="comma-separated modes to compare with off: router, block or learned, optionally @K (predict "
+        "K = 1..3 layers ahead), optionally +advise, +read or +populate (the prefetch consumer's call), "
+        "optionally +route (route-time reads); or route alone",
     )
     p.add_argument(
         "--scenarios",
@@ -74,17 +75,19 @@ def _line(r: ModeResult) -> str:
     elif r.problem is not None:
         verdict = f"FAILED: {r.problem}"
     else:
-        verdict = f"identical, {r.predicted_rows} predicted rows"
+        verdict = f"identical, {r.predicted_rows} predicted rows" if r.mode != ROUTE else "identical, routed"
     return f"{r.scenario:<28} {r.mode + ran:<20} {verdict}"
 
 
 def _modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
     try:
-        if not modes or any(split_mode(m)[0] == "off" for m in modes):
+        if not modes or any(split_mode(m)[0] == "off" and not mode_route(m) for m in modes):
             raise ValueError(text)
     except ValueError:
-        raise UsageError(f"--modes must list modes like {', '.join(MODES)} (PREDICTOR[@K][+CONSUMER])") from None
+        raise UsageError(
+            f"--modes must list modes like {', '.join(MODES)} (PREDICTOR[@K][+CONSUMER][+route], or route)"
+        ) from None
     return modes
 
 

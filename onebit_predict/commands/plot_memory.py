@@ -56,16 +56,9 @@ class Size:
 
 def _size(report: Measured) -> Size:
     """The mean bytes of one expert from the report's model when it is readable here, else None."""
-    per = None
-    path = Path(report.model)
-    if path.is_file():
-        try:
-            from ..costmodel.expert_bytes import expert_bytes_from_gguf
+    from ..costmodel.expert_bytes import mean_expert_bytes
 
-            per_layer, _ = expert_bytes_from_gguf(path)
-            per = sum(per_layer.values()) / len(per_layer)
-        except ValueError:
-            per = None
+    per = mean_expert_bytes(report.model)
     return Size(report.expert_bytes, per, report.model)
 
 

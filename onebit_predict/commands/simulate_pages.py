@@ -110,9 +110,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--prefetch-threads",
         type=arg_type(positive_int),
-        default=2,
         metavar="N",
-        help="the consumer's workers (ONEBIT_MOE_PREFETCH_THREADS, default 2)",
+        help="the consumer's workers (ONEBIT_MOE_PREFETCH_THREADS; default the consumer's, with --measured each row's)",
     )
     g.add_argument(
         "--prefetch-room",
@@ -253,6 +252,7 @@ def _csv(rows: list[Row]) -> None:
 _MEASURED_COLUMNS = [("measured_tok_s", ".2f"), ("tok_s", ".2f"), ("error_pct", "+.1f")]
 _MEASURED_COLUMNS += [("measured_read_mib_per_token", ".1f"), ("read_mib_per_token", ".1f")]
 _MEASURED_COLUMNS += [("measured_major_faults_per_token", ".1f"), ("major_faults_per_token", ".1f")]
+_MEASURED_COLUMNS += [("measured_route_missing_mib_per_token", ".1f"), ("route_missing_mib_per_token", ".1f")]
 
 
 def _render(trace: Trace, routing: Routing, got: PageCheck) -> str:
@@ -270,14 +270,14 @@ def _render(trace: Trace, routing: Routing, got: PageCheck) -> str:
         f"{s.read_around_pages.value * s.page_bytes.value // 1024} KiB around its page "
         f"(pages of {s.page_bytes.value // 1024} KiB: {s.page_bytes.source}); page cache "
         f"{s.page_cache.value}; consumer op {s.consumer_op_us.value:g} us, fault overhead "
-        f"{s.fault_us.value:g} us, {s.prefetch_threads.value} prefetch threads",
+        f"{s.fault_us.value:g} us, prefetch threads {s.prefetch_threads.value or 'per row'}",
         f"one token's need {s.need_bytes.value / MIB:.1f} MiB ({s.need_bytes.source}); room rule "
         + (f"R {room.value:g}" if room.value is not None else "R per row")
         + f" ({room.source})",
     ]
     procs = [f"{_limit_text(limit)}: {v.value / MIB:.1f} MiB ({v.source})" for limit, v in s.process_bytes.items()]
-    if procs:
-        out.append("process bytes " + "; ".join(procs))
+    out += ["process bytes " + "; ".join(procs)] if procs else []
+    out += [f"drive {name}: {d.value.text(fmt_bandwidth)} ({d.source})" for name, d in s.drives.items()]
     if measured is None:
         titles = ["limit", "configuration", "tok/s", "MiB read/tok", "faults/tok", "waits/tok", "stall ms/tok", "room"]
         cols = ["tok_s", "read_mib_per_token", "major_faults_per_token", "waits_per_token", "stall_ms_per_token"]
@@ -288,7 +288,7 @@ def _render(trace: Trace, routing: Routing, got: PageCheck) -> str:
             body.append([_limit_text(r.limit_bytes), r.run.name, *figures, r.room_text])
         return "\n".join([*out, "", table(titles, body)])
     titles = ["limit", "configuration", "measured tok/s", "simulated", "error %", "check", "MiB read/tok meas", "sim"]
-    titles += ["faults/tok meas", "sim", "room"]
+    titles += ["faults/tok meas", "sim", "route MiB/tok meas", "sim", "room"]
     body = []
     for r in got.rows:
         v = r.values()

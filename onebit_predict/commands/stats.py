@@ -17,8 +17,8 @@ TRACE ...`` (commands/simulate.py) are the expert-cache replay and the decode-ti
 
 Which subcommand runs depends on the command line alone, never on the files in the current
 directory: a first argument that is a subcommand's name (``rates``, ``replay``, ``simulate``,
-``plot-memory``) is that subcommand, always; any other first argument is a trace (or an
-option) of ``rates``, so ``onebit-stats router.bin block.bin`` is ``onebit-stats rates
+``plot-memory``, ``plot-drives``) is that subcommand, always; any other first argument is a
+trace (or an option) of ``rates``, so ``onebit-stats router.bin block.bin`` is ``onebit-stats rates
 router.bin block.bin``. A trace file literally named like a subcommand is given with a path:
 ``onebit-stats ./replay`` reads it, ``onebit-stats replay ./replay --slots 2`` replays it.
 
@@ -44,13 +44,14 @@ from ..constants import EXIT_CHECK_FAILED, EXIT_OK, STATS_ENGINE_C, STATS_ENGINE
 from ..metrics.stats import compare_routing, compute_stats
 from ..metrics.stats_kernel import StatsKernelError
 from ..trace import Trace
-from . import plot_memory, replay, simulate, stats_out
+from . import plot_drives, plot_memory, replay, simulate, stats_out
 from .common import check_layers, layers_parent, output_parent, run_command, trace_parent
 
 logger = logging.getLogger("onebit_predict")
 PROG = "onebit-stats"
 DEFAULT = "rates"
-SUBCOMMANDS = (DEFAULT, "replay", "simulate", "plot-memory")  # a first argument of these names is the subcommand
+# a first argument of these names is the subcommand
+SUBCOMMANDS = (DEFAULT, "replay", "simulate", "plot-memory", "plot-drives")
 
 
 def _rates_options(p: argparse.ArgumentParser) -> None:
@@ -147,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plot_memory.configure(sp)
     sp.set_defaults(func=plot_memory.run)
+    sp = sub.add_parser(
+        "plot-drives",
+        parents=[output_parent()],
+        help="per drive, each configuration's ratio to off over the cells of onebit-bench --drive reports",
+        description=plot_drives.DESCRIPTION,
+        epilog=plot_drives.EPILOG,
+    )
+    plot_drives.configure(sp)
+    sp.set_defaults(func=plot_drives.run)
     return p
 
 

@@ -59,22 +59,30 @@ def summary(trace: Trace, distances: tuple[int, ...]) -> str:
     )
 
 
+def consumer_reads(h: TraceHeader) -> str:
+    """What the consumer read and how ("reads predicted + at route time, readahead off"); "" for a
+    trace written before the header said (the predicted experts, then the only reads)."""
+    reads = " + ".join(what for what, on in (("predicted", h.speculative), ("at route time", h.route)) if on)
+    parts = ([f"reads {reads}"] if reads else []) + (["readahead off"] if h.random else [])
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def prefetch_summary(h: TraceHeader) -> str:
     """The prefetch consumer's line, or nothing when it was off."""
     if h.prefetch_mode == 0:
         return ""
     cap = f"{h.prefetch_max_bytes} bytes/token" if h.prefetch_max_bytes else "none"
-    line = f"\nprefetch {h.prefetch_name} | cap {cap}"
-    if h.prefetch_name == "read":
+    line = f"\nprefetch {h.prefetch_name}{consumer_reads(h)} | cap {cap}"
+    if h.prefetch_name in ("read", "populate"):
         line += f" | {h.prefetch_threads} workers"
     t = h.prefetch_totals
     if t is None:
         return line + " | totals unknown (the context was not freed cleanly)"
     line += (
-        f" | {t.experts} experts, {t.ranges} ranges, {t.bytes} bytes issued"
+        f" | {t.experts} experts, {t.ranges} ranges, {t.bytes} bytes issued{' ahead' if h.route else ''}"
         f" | {t.resident_bytes} bytes already resident | {t.dropped_bytes} bytes dropped by the cap"
     )
-    if h.prefetch_name == "read":
+    if h.prefetch_name in ("read", "populate"):
         line += f" | {t.touched_bytes} bytes touched | {t.queue_full} ranges not queued"
     errors = ", ".join(f"errno {e} x{n}" for e, n in t.errors)
     return line + (f" | {t.failed} ranges FAILED ({errors})" if t.failed else " | no failures")
@@ -153,6 +161,9 @@ def header_dict(h: TraceHeader) -> dict:
         open=h.open,
         incomplete=h.incomplete,
         prefetch_mode=h.prefetch_name,
+        prefetch_speculative=h.speculative,
+        prefetch_route=h.route,
+        prefetch_random=h.random,
         prefetch_totals=None if h.prefetch_totals is None else h.prefetch_totals._asdict(),
     )
     return d

@@ -6,7 +6,7 @@ The expert model (docs/cost-model.md, "The cache" and "The timing"):
 - ``replay``: a layer's routing through an expert cache of N slots: LRU, LFRU or Belady;
 - ``simulate``: the decode-time model of a streamed expert pipeline, played on the routing;
 - ``expert_bytes``: the bytes one expert occupies in each layer of a GGUF;
-- ``plot``: the PNGs of simulate and plot-memory (the optional ``plot`` extra).
+- ``plot``: the PNGs of simulate, plot-memory and plot-drives (the optional ``plot`` extra).
 
 The page model (docs/cost-model.md, "Pages: the page-granular model"):
 
@@ -16,5 +16,6 @@ The page model (docs/cost-model.md, "Pages: the page-granular model"):
 - ``page_settings``: its constants, each with where it came from: measured, given or assumed;
 - ``page_check``: its play of a trace's configurations against the benchmarks, and the check;
 - ``measured``: what ``onebit-bench --json`` measured, read for the model to be checked against;
-- ``row_config``: one benchmark row's configuration, typed: predictor, consumer and their knobs.
+- ``row_config``: one benchmark row's configuration, typed: predictor, consumer and their knobs;
+- ``drive_cells``: the drive matrix's cells (drive x expert size x limit): ratios, the floor, the physical limit.
 """

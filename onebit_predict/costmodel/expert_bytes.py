@@ -18,10 +18,24 @@ from pathlib import Path
 
 from ..gguf_experts import EXPERT_TENSOR, ModelError, read_experts
 
-__all__ = ["EXPERT_TENSOR", "ModelError", "expert_bytes_from_gguf"]
+__all__ = ["EXPERT_TENSOR", "ModelError", "expert_bytes_from_gguf", "mean_expert_bytes"]
 
 
 def expert_bytes_from_gguf(path: str | Path) -> tuple[dict[int, int], int]:
     """``({layer: bytes of one expert}, n_expert)`` of a GGUF; ModelError when it has no experts."""
     experts = read_experts(path)
     return experts.expert_bytes(), experts.n_expert
+
+
+def mean_expert_bytes(path: str | Path) -> float | None:
+    """The mean bytes of one expert over a GGUF's MoE layers; None when the file is not here or not
+    readable as an MoE model (a report's model, read where it was measured: the caller labels it by
+    its name instead)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        per_layer, _ = expert_bytes_from_gguf(path)
+    except (ModelError, OSError, ValueError):
+        return None
+    return sum(per_layer.values()) / len(per_layer)

@@ -6,7 +6,8 @@ readahead (the page model's rules, docs/cost-model.md, "Pages: the page-granular
 - :class:`TwoListCache`: the kernel's inactive and active lists (no MGLRU), the default;
 - :class:`PageDrive`: the drive of costmodel/simulate.py (FIFO, ``queue_depth`` requests in service,
   latencies overlap, transfers share the bandwidth one after another), where a request is a run
-  of contiguous pages and each page of it is complete as its bytes have flowed;
+  of contiguous pages (at most ``max_pages``: FUSE's max_read on an emulated drive) and each page
+  of it is complete as its bytes have flowed;
 - :class:`Kernel`: a page access (a hit, a wait for a read in flight, or a major fault with its
   read-around window and the readahead marker that pulls the next window), a ``WILLNEED``
   range, the counts.
@@ -187,13 +188,23 @@ class PageDrive:
     x_i + (k + 1) * page / bandwidth, the request at c_i = x_i + n * page / bandwidth.
     """
 
-    def __init__(self, bandwidth: float, latency_ms: float, queue_depth: int, page_size: int = PAGE_SIZE) -> None:
+    def __init__(
+        self,
+        bandwidth: float,
+        latency_ms: float,
+        queue_depth: int,
+        page_size: int = PAGE_SIZE,
+        max_pages: int | None = None,
+    ) -> None:
         if not bandwidth > 0:
             raise ValueError(f"bandwidth must be positive, not {bandwidth}")
         if not latency_ms >= 0:
             raise ValueError(f"latency must be >= 0, not {latency_ms}")
         if queue_depth < 1:
             raise ValueError(f"queue depth must be at least 1, not {queue_depth}")
+        if max_pages is not None and max_pages < 1:
+            raise ValueError(f"a request's largest size must be at least one page, not {max_pages}")
+        self.max_pages = max_pages  # the largest request (None: a run of any length is one request)
         self.page_ms = page_size / (bandwidth / 1000.0)
         self.latency_ms = latency_ms
         self._completions: deque[float] = deque(maxlen=queue_depth)
@@ -241,17 +252,26 @@ class Kernel:
     """What the kernel does for a mapped file, to the granularity of pages.
 
     ``window`` pages: the read-around of a major fault (0: ``MADV_RANDOM``, the fault reads
-    its own page). A fault on page p reads the missing pages of
+    its own page); ``random[page]`` true: that page's mapping is ``MADV_RANDOM`` (the consumer's
+    ``random`` on the expert tensors): a fault there reads its own page and a marker there pulls
+    nothing. A fault on page p reads the missing pages of
     ``[max(0, p - window / 2), + window)`` and marks the page ``window / 4`` before that
     window's end; an access to a marked page (the readahead marker) reads the next window
     (``next_ra_size``) after the one the file's readahead state last read, or, when the marker
     is not where that state expects it, from the first missing page after it. ``willneed``
     reads the missing pages of a range (``force_page_cache_ra``: no window, no marker). Each
-    run of missing pages is one drive request; pages enter the cache at the request's issue.
+    run of missing pages is one drive request (split at the drive's ``max_pages``); pages enter the
+    cache at the request's issue.
     """
 
     def __init__(
-        self, n_pages: int, cache: PageCache | TwoListCache, drive: PageDrive, window: int, fault_ms: float = 0.0
+        self,
+        n_pages: int,
+        cache: PageCache | TwoListCache,
+        drive: PageDrive,
+        window: int,
+        fault_ms: float = 0.0,
+        random: np.ndarray | None = None,
     ) -> None:
         if window < 0:
             raise ValueError(f"readahead window must be >= 0 pages, not {window}")
@@ -260,6 +280,7 @@ class Kernel:
         self.drive = drive
         self.window = window
         self.fault_ms = fault_ms
+        self.random = random
         self.counts = KernelCounts()
         self.ra_start = self.ra_size = self.ra_async = 0  # the file's readahead state (struct file_ra_state)
 
@@ -273,7 +294,8 @@ class Kernel:
                 p += 1
                 continue
             run_end = p + 1
-            while run_end < end and run_end not in cache:
+            cap = end if self.drive.max_pages is None else min(end, p + self.drive.max_pages)
+            while run_end < cap and run_end not in cache:
                 run_end += 1
             flow = self.drive.request(t, run_end - p)
             self.counts.requests += 1
@@ -299,7 +321,7 @@ class Kernel:
             return t
         self.counts.major_faults += 1
         t += self.fault_ms
-        if self.window == 0:
+        if self.window == 0 or (self.random is not None and self.random[page]):
             self.read(page, 1, t)
         else:
             w = self.window
@@ -312,7 +334,7 @@ class Kernel:
 
     def _async(self, page: int, t: float) -> None:
         w = self.window
-        if w == 0:
+        if w == 0 or (self.random is not None and self.random[page]):
             return
         self.counts.async_readaheads += 1
         if page == self.ra_start + self.ra_size - self.ra_async:

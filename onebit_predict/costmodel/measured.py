@@ -36,7 +36,13 @@ The drive a row read the model from (:attr:`MeasuredRow.drive`, ``--drive``): it
 ``drive``, else the report's one drive where its ``drives`` object records exactly one (a run
 without ``--drive``: ``native``), else None: unknown (reports written before ``drives``). A row on
 an emulated drive ran at that drive's readahead, not the model's device's: its configuration's
-``read_ahead_kb``, else the mount's as the report's ``drives`` records it.
+``read_ahead_kb``, else the mount's as the report's ``drives`` records it. :attr:`Measured.drives`
+holds each emulated drive as the report records it (:class:`EmulatedDrive`: its profile's latency,
+bandwidth and channels, the mount's max_read and read_ahead_kb), for the model to play its rows on.
+
+The consumer's workers when a row does not set them (:attr:`Measured.workers_default`): the
+default of the consumer that wrote the report, PREFETCH_THREADS_DEFAULT since route-time reads
+(reports whose rows' ``config`` objects carry ``route``), PREFETCH_THREADS_BEFORE_ROUTE before.
 """
 
 from __future__ import annotations
@@ -48,13 +54,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import ENV_PREFETCH_DEBUG_ORACLE
+from ..constants import ENV_PREFETCH_DEBUG_ORACLE, PREFETCH_THREADS_BEFORE_ROUTE, PREFETCH_THREADS_DEFAULT
 from .row_config import OFF, RowConfig, from_name
 
 logger = logging.getLogger("onebit_predict")
 WARM = "patched off, warm"
 RESIDENT = 0  # a memory report's limit_bytes for its resident runs (no cgroup, the file read in first)
-__all__ = ["OFF", "RESIDENT", "WARM", "Measured", "MeasuredRow", "from_bench", "load_measured"]
+__all__ = ["OFF", "RESIDENT", "WARM", "EmulatedDrive", "Measured", "MeasuredRow", "from_bench", "load_measured"]
+
+
+@dataclass(frozen=True)
+class EmulatedDrive:
+    """An emulated drive the report's rows read from (drive/profiles.py, the report's ``drives``)."""
+
+    name: str
+    latency_us: float  # per request, overlapping across the requests in service
+    bandwidth: float  # bytes/s of the bus the requests share
+    channels: int  # requests in service at once
+    max_read: int  # the mount's largest request (FUSE max_read), bytes
+    read_ahead_kb: int | None  # the mount's bdi readahead (None: not recorded)
 
 
 @dataclass(frozen=True)
@@ -71,6 +89,7 @@ class MeasuredRow:
     process_bytes: int | None = None
     read_ahead_kb: int | None = None  # the drive's readahead it ran at (None: unknown)
     drive: str | None = None  # the drive it read the model from: native, nvme, sata (None: unknown)
+    route_missing_per_token: float | None = None  # bytes the routed experts lacked when routed (None: no route)
 
     @property
     def resident(self) -> bool:
@@ -93,12 +112,21 @@ class Measured:
     rows: tuple[MeasuredRow, ...]
     knobs_recorded: bool = False  # each row's knobs are in the report (env or config: since the room rule)
     device: dict[str, Any] | None = None  # the model's block device as the report recorded it
+    drives: tuple[EmulatedDrive, ...] = ()  # the emulated drives its rows read from
+    workers_default: int = PREFETCH_THREADS_BEFORE_ROUTE  # the consumer's workers where a row sets none
 
     @property
     def warm_tok_s(self) -> float | None:
         """The resident run's decode tok/s: --cold's "patched off, warm" row, a memory report's
-        "patched off" at the limit ``resident`` (RESIDENT)."""
-        return next((r.tok_s for r in self.rows if r.resident and r.name in (WARM, OFF)), None)
+        "patched off" at the limit ``resident`` (RESIDENT; on several drives, the native one's first)."""
+        warm = [r for r in self.rows if r.resident and (r.name in (WARM, OFF) or (r.config and r.config.is_off))]
+        warm = [r for r in warm if r.config is None or not r.config.route]
+        warm.sort(key=lambda r: r.drive not in (None, "native"))
+        return warm[0].tok_s if warm else None
+
+    def drive(self, name: str | None) -> EmulatedDrive | None:
+        """The emulated drive called ``name`` (None: native, unknown, or not recorded)."""
+        return next((d for d in self.drives if d.name == name), None)
 
     def timed_rows(self) -> list[MeasuredRow]:
         """The rows a model plays: every one but the resident runs."""
@@ -173,6 +201,7 @@ def load_measured(path: str | Path) -> Measured:
                     None if r.get("process_bytes") is None else int(r["process_bytes"]),
                     ra if config is None or config.read_ahead_kb is None else config.read_ahead_kb,
                     on,
+                    _num(r, "route_missing_per_token"),
                 )
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -192,7 +221,34 @@ def load_measured(path: str | Path) -> Measured:
         tuple(rows),
         recorded,
         data.get("device") if isinstance(data.get("device"), dict) else None,
+        _drives(drives, path),
+        _workers_default(data["rows"]),
     )
+
+
+def _workers_default(rows: list[dict[str, Any]]) -> int:
+    """The consumer's default workers when the report ran: its rows' config objects carry ``route`` since
+    route-time reads, which raised the default (PREFETCH_THREADS_DEFAULT; before, PREFETCH_THREADS_BEFORE_ROUTE)."""
+    route_era = any(isinstance(r.get("config"), dict) and "route" in r["config"] for r in rows)
+    return PREFETCH_THREADS_DEFAULT if route_era else PREFETCH_THREADS_BEFORE_ROUTE
+
+
+def _drives(drives: dict[str, Any], path: Path) -> tuple[EmulatedDrive, ...]:
+    """The emulated drives of a report's ``drives`` that record their profile (the device model's
+    parameters), with the mount's max_read and read_ahead_kb."""
+    out = []
+    for name, d in drives.items():
+        if not (isinstance(d, dict) and d.get("emulated") and isinstance(d.get("profile"), dict)):
+            continue
+        prof = d["profile"]
+        try:
+            max_read = int(d.get("max_read") or prof["max_read"])
+            ra = None if d.get("read_ahead_kb") is None else int(d["read_ahead_kb"])
+            latency, bandwidth, channels = float(prof["latency_us"]), float(prof["bandwidth"]), int(prof["channels"])
+            out.append(EmulatedDrive(name, latency, bandwidth, channels, max_read, ra))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{path}: drives.{name} lacks a field of its profile ({e!r})") from None
+    return tuple(out)
 
 
 def _one(values: set[int | None]) -> int | None:

@@ -2,17 +2,19 @@
 
 :func:`check_pages` plays the page model (costmodel/pages.py) with the constants costmodel/page_settings.py
 resolves: without a report, every configuration of ``onebit-bench`` the trace covers
-(:func:`configurations`: the predictor off, the trace's mode alone, ``+ advise``, ``+ read``, and
-for a router trace the oracle) at each memory limit; with a report (costmodel/measured.py), each of
-its rows whose configuration (costmodel/row_config.py ``RowConfig``) the trace can play
-(:func:`playable`: the trace's predictor, depth and lookahead) at the report's limits, next to
-what was measured. Each row plays the consumer's room rule with its own factor: the row's knobs as
-the consumer reads them (policy.parse_prefetch on the configuration's environment: a knob absent
-is its default, a bad one its default with a warning, R above 64 clamped), none in a report
-written before the rule (no ``env``), ``--prefetch-room`` over all. A row of ``--check``'s kinds
-that misses the measurement by more than the tolerance fails the check; a row that ran with the
-consumer's guard (not modelled) is shown, not checked (in a report recording its knobs; before,
-the rows ran with the guard of the time and are checked, their "no guard" twins beside them).
+(:func:`configurations`: the predictor off, the trace's mode alone, ``+ advise``, ``+ read``, route
+time alone and with the mode's reads, and for a router trace the oracle) at each memory limit;
+with a report (costmodel/measured.py), each of its rows whose configuration (costmodel/row_config.py
+``RowConfig``) the trace can play (:func:`playable`: the trace's predictor, depth and lookahead) at
+the report's limits, next to what was measured. Each row plays the consumer's room rule with its
+own factor: the row's knobs as the consumer reads them (policy.parse_prefetch on the
+configuration's environment: a knob absent is its default, a bad one its default with a warning,
+R above 64 clamped), none in a report written before the rule (no ``env``), ``--prefetch-room``
+over all. A row of ``--check``'s kinds that misses the measurement by more than the tolerance
+fails the check; a row that ran with the consumer's guard (not modelled) is shown, not checked
+(in a report recording its knobs; before, the rows ran with the guard of the time and are
+checked, their "no guard" twins beside them). Each row runs on its own drive, window and workers
+(page_settings ``PageSettings.row_model``).
 Every rule: docs/cost-model.md, "Pages", "Against the measurements".
 """
 
@@ -24,35 +26,45 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..constants import ENV_PREFETCH_GUARD, ENV_PREFETCH_ROOM, MODE_ROUTER
+from ..constants import (
+    ENV_PREFETCH_GUARD,
+    ENV_PREFETCH_ROOM,
+    ENV_PREFETCH_THREADS,
+    MODE_ROUTER,
+    PREFETCH_THREADS_DEFAULT,
+)
 from ..policy import PrefetchEnv, parse_prefetch
 from ..trace import Trace
 from .measured import Measured, MeasuredRow
 from .page_settings import CHECK_KINDS, PageOptions, PageSetup, PageUsageError, resolve
-from .pages import ORACLE, PageRun, run_config
+from .pages import ORACLE, PageModel, PageRun, run_config
 from .routing import Routing
-from .row_config import RowConfig
+from .row_config import NATIVE, RowConfig
 
 logger = logging.getLogger("onebit_predict")
 MIB = 2**20
 
 
 def kind(config: RowConfig) -> str:
-    """What ``--check`` calls a configuration: off, predictor, advise, read or oracle."""
-    if config.is_off:
-        return "off"
+    """What ``--check`` calls a configuration: off, predictor, advise, read, populate, route (route-time
+    reads, with a predictor's or not) or oracle."""
     if config.oracle:
         return "oracle"
+    if config.route:
+        return "route"
+    if config.is_off:
+        return "off"
     return "predictor" if config.consumer == "off" else config.consumer
 
 
 def configurations(routing: Routing) -> list[RowConfig]:
-    """Every configuration the trace covers: off, its mode alone, + advise, + read; the oracle with
-    advise (router traces: the benchmark's oracle runs router mode)."""
-    out = [RowConfig()]
+    """Every configuration the trace covers: off, route time alone; its mode alone, + advise, + read,
+    + read + route; the oracle with advise (router traces: the benchmark's oracle runs router mode)."""
+    out = [RowConfig(), RowConfig(route=True)]
     if routing.has_predictor:
         mode = routing.header.mode_name
         out += [RowConfig(mode, consumer) for consumer in ("off", "advise", "read")]
+        out.append(RowConfig(mode, "read", route=True))
         if mode == "router":
             out.append(RowConfig("router", "advise", oracle=True))
     return out
@@ -83,6 +95,7 @@ class Row:
     checked: bool
     capacity_pages: int | None
     room_source: str  # where the room factor came from: "env", "default", "given", ...
+    model: PageModel | None = None  # the model as this row played it (its drive, window, workers)
 
     @property
     def kind(self) -> str:
@@ -110,7 +123,9 @@ class Row:
 
     def values(self) -> dict[str, Any]:
         """The row's figures, simulated and measured, per token (the report's ``rows``)."""
-        run, m = self.run, self.measured
+        run, m, model = self.run, self.measured, self.model
+        route_mib = run.per_token(run.route_missing_pages * run.page_size / MIB) if run.route else None
+        m_route = None if m is None or m.route_missing_per_token is None else m.route_missing_per_token / MIB
         return {
             "limit_bytes": self.limit_bytes,
             "configuration": run.name,
@@ -134,6 +149,12 @@ class Row:
             "room_held": run.room_held,
             "room_rule": self.room_text,
             "need_mib": run.need_bytes / MIB,
+            "drive": None if m is None else m.drive,
+            "workers": None if model is None else model.workers,
+            "read_around_kib": None if model is None else model.window_pages * model.page_size // 1024,
+            "route_missing_mib_per_token": route_mib,
+            "measured_route_missing_mib_per_token": m_route,
+            "stale_ranges_per_token": run.per_token(run.stale_ranges) if run.route else None,
         }
 
 
@@ -157,10 +178,11 @@ class PageCheck:
 
 
 def played(config: RowConfig, recorded: bool, given: float | None, where: str) -> tuple[RowConfig, str]:
-    """The configuration with the room factor and guard the model plays it with, and the factor's
-    source: ``given`` (--prefetch-room) over all; a report recording its knobs: the consumer's
-    reading of the configuration's variables (a bad one warned about, as the consumer does); a
-    report written before the rule: no rule, the guard unknown."""
+    """The configuration with the room factor, guard and workers the model plays it with, and the
+    factor's source: ``given`` (--prefetch-room) over all; a report recording its knobs: the
+    consumer's reading of the configuration's variables (a bad one warned about, as the consumer
+    does; the workers where it sets them, clamped as the consumer does); a report written before the
+    rule: no rule, the guard unknown."""
     if not recorded:
         if given is not None:
             return replace(config, room=given), "given"
@@ -168,8 +190,9 @@ def played(config: RowConfig, recorded: bool, given: float | None, where: str) -
     env = config.env()
     policy, warnings = parse_prefetch(PrefetchEnv.from_environ(env), MODE_ROUTER)
     for w in warnings:
-        if ENV_PREFETCH_ROOM in w or ENV_PREFETCH_GUARD in w:
+        if any(name in w for name in (ENV_PREFETCH_ROOM, ENV_PREFETCH_GUARD, ENV_PREFETCH_THREADS)):
             logger.warning("%s: %s", where, w)
+    config = replace(config, workers=policy.n_threads if ENV_PREFETCH_THREADS in env else None)
     if given is not None:
         return replace(config, room=given, guard=policy.guard), "given"
     return replace(config, room=policy.room, guard=policy.guard), "env" if ENV_PREFETCH_ROOM in env else "default"
@@ -194,7 +217,8 @@ def _rows_at(
         unplayed: set[str] = set()
     else:
         here = {r.name: r for r in measured.timed_rows() if r.limit_bytes == limit}
-        mine = [m for m in here.values() if playable(m.config, routing)]
+        # a row on an emulated drive whose profile the report lacks has no drive to play on
+        mine = [m for m in here.values() if playable(m.config, routing) and m.drive in (None, NATIVE, *s.drives)]
         unplayed = set(here) - {m.name for m in mine}
         mine.sort(key=lambda m: CHECK_KINDS.index(kind(m.config)))  # stable: the report's order within a kind
         todo = []
@@ -203,19 +227,24 @@ def _rows_at(
             where = f"{measured.path}: {m.name}"
             config, source = played(m.config, measured.knobs_recorded, opts.prefetch_room, where)
             todo.append((config, m.name, m, source))
-    runs: dict[tuple[str | None, str, float], PageRun] = {}  # one simulation per predictor, consumer, room
+    runs: dict[tuple[str | None, str, bool, PageModel], PageRun] = {}  # one simulation per configuration, model
     rows = []
+    default_workers = s.prefetch_threads.value or (measured.workers_default if measured else PREFETCH_THREADS_DEFAULT)
     for config, name, m, source in todo:
         predictor = ORACLE if config.oracle else config.predictor
-        key = (predictor, config.consumer, config.room or 0.0)
+        workers = s.prefetch_threads.value or config.workers or default_workers
+        played_model = replace(s.row_model(model, config, m, workers), prefetch_room=config.room or 0.0)
+        key = (predictor, config.consumer, config.route, played_model)
         if key not in runs:
-            with_room = replace(model, prefetch_room=key[2])
-            runs[key] = run_config(routing, setup.layout, with_room, predictor, config.consumer, name, trace)
+            runs[key] = run_config(
+                routing, setup.layout, played_model, predictor, config.consumer, name, trace, route=config.route
+            )
         # the model has no guard: a row of a report recording its knobs that ran with one is shown,
         # not checked (reports before them: the guarded rows are checked, "no guard" beside them)
         guarded = measured is not None and measured.knobs_recorded and (config.guard or 0) > 0
-        checked = m is not None and kind(config) in opts.check and not (guarded and config.consumer != "off")
-        rows.append(Row(limit, replace(runs[key], name=name), config, m, checked, capacity, source))
+        consumer_on = config.consumer != "off" or config.route
+        checked = m is not None and kind(config) in opts.check and not (guarded and consumer_on)
+        rows.append(Row(limit, replace(runs[key], name=name), config, m, checked, capacity, source, played_model))
     return rows, unplayed
 
 

@@ -7,13 +7,20 @@ them, the trace and a measured report (costmodel/measured.py) into the page layo
 constants: measured or assumed" of docs/cost-model.md. Nothing here probes the machine: the
 readahead of the device holding the model comes from the caller (``probe``: llama/drive.py
 ``device_read_ahead_kb``).
+
+A report's row is played on its own drive (:meth:`PageSettings.row_model`): on an emulated one
+(onebit-bench --drive nvme,sata), the drive of that drive's profile as the report records it
+(:class:`DriveModel`: its bandwidth, latency, channels as the queue depth, the mount's max_read as
+the largest request) instead of the native drive's measurement; at its own read_ahead_kb (the
+fault's window) unless --readahead-kb gives one for all; with its own workers and MADV_RANDOM on
+the experts where its configuration sets ``random``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
@@ -28,16 +35,18 @@ from ..constants import (
 from ..trace import Trace
 from .kernel import LLAMA_FADV_SEQUENTIAL_FACTOR
 from .layout import PAGE_SIZE, ExpertLayout, layout_from_gguf, synthetic_layout
-from .measured import Measured, from_bench
+from .measured import Measured, MeasuredRow, from_bench
 from .pages import PageModel
 from .routing import Routing
+from .row_config import RowConfig
 
 KERNEL_READ_AHEAD_KB = 128  # the kernel's default read_ahead_kb (VM_READAHEAD_PAGES)
 PAGE_CACHE_DEFAULT = "two-list"
 COARSE_PAGE = 64 * 1024  # the simulation's page when slices are large (the kernel's fault_around_bytes)
 COARSE_MIN_SLICE = 512 * 1024
-CHECK_KINDS = ("off", "predictor", "advise", "read", "oracle")  # what --check names, in the table's order
-CHECK_DEFAULT = ("off", "advise")
+# what --check names, in the table's order (route: a row with route-time reads, the predictor's or not)
+CHECK_KINDS = ("off", "predictor", "advise", "read", "populate", "route", "oracle")
+CHECK_DEFAULT = ("off", "advise", "route")
 TOLERANCE_PCT = 25.0
 
 T = TypeVar("T")
@@ -71,7 +80,7 @@ class PageOptions:
     readahead_kb: int | None = None
     page_kb: int | None = None
     page_cache: str | None = None
-    prefetch_threads: int = PREFETCH_THREADS_DEFAULT
+    prefetch_threads: int | None = None  # None: each row's (its config, else its consumer's default)
     prefetch_room: float | None = None
     consumer_op_us: float = 0.0
     fault_us: float = 0.0
@@ -80,6 +89,30 @@ class PageOptions:
     cold: bool = False
     check: tuple[str, ...] = CHECK_DEFAULT
     tolerance: float = TOLERANCE_PCT
+
+
+@dataclass(frozen=True)
+class DriveModel:
+    """A drive as the page model plays it (an emulated drive: from its profile in the report)."""
+
+    bandwidth: float  # bytes/s
+    latency_us: float
+    queue_depth: int  # requests in service at once (an emulated drive's channels)
+    request_bytes: int | None  # a request's largest (FUSE's max_read); None: no limit
+    read_ahead_kb: int | None  # the mount's (None: not recorded)
+
+    def text(self, bandwidth: Callable[[float], str]) -> str:
+        """``6.0 GB/s, latency 65 us, queue depth 64, requests up to 128 KiB, read_ahead_kb 128``."""
+        size = "any size" if self.request_bytes is None else f"up to {self.request_bytes // 1024} KiB"
+        return (
+            f"{bandwidth(self.bandwidth)}, latency {self.latency_us:g} us, queue depth {self.queue_depth}, "
+            f"requests {size}, read_ahead_kb {self.read_ahead_kb}"
+        )
+
+
+def window_pages(read_ahead_kb: int, page_bytes: int) -> int:
+    """A major fault's read-around, in simulated pages: LLAMA_FADV_SEQUENTIAL_FACTOR x read_ahead_kb."""
+    return read_ahead_kb * 1024 * LLAMA_FADV_SEQUENTIAL_FACTOR // page_bytes
 
 
 @dataclass(frozen=True)
@@ -99,21 +132,39 @@ class PageSettings:
     consumer_op_us: Setting[float]
     fault_us: Setting[float]
     queue_depth: Setting[int]
-    prefetch_threads: Setting[int]
+    prefetch_threads: Setting[int | None]  # None: each row's own
     prefetch_room: Setting[float | None]  # None: each row's own (a report recording its knobs)
     need_bytes: Setting[int]
     process_bytes: dict[int, Setting[int]] = field(default_factory=dict)  # per memory limit
+    drives: dict[str, Setting[DriveModel]] = field(default_factory=dict)  # the report's emulated drives
+    rows_read_ahead: bool = False  # each row's read_ahead_kb, where known, sets its window
 
-    def as_json(self) -> dict[str, dict[str, Any]]:
-        """``{name: {"value", "source"}}``; the process bytes as ``process_bytes@LIMIT``."""
-        out = {
+    def as_json(self) -> dict[str, Any]:
+        """``{name: {"value", "source"}}``; the process bytes as ``process_bytes@LIMIT``, the emulated
+        drives as ``drive@NAME`` (the value an object of DriveModel's fields)."""
+        out: dict[str, Any] = {
             f.name: {"value": getattr(self, f.name).value, "source": getattr(self, f.name).source}
             for f in dataclasses.fields(self)
-            if f.name != "process_bytes"
+            if f.name not in ("process_bytes", "drives", "rows_read_ahead")
         }
         for limit, s in self.process_bytes.items():
             out[f"process_bytes@{limit}"] = {"value": s.value, "source": s.source}
+        for name, d in self.drives.items():
+            out[f"drive@{name}"] = {"value": dataclasses.asdict(d.value), "source": d.source}
         return out
+
+    def row_model(self, base: PageModel, config: RowConfig, row: MeasuredRow | None, workers: int) -> PageModel:
+        """``base`` as one row runs it: on its drive (an emulated one's profile), at its read_ahead_kb
+        (where rows set the window), with ``workers``, MADV_RANDOM on the experts if it sets ``random``."""
+        kw: dict[str, Any] = {"workers": workers, "random_experts": config.random}
+        drive = self.drives.get(row.drive) if row is not None and row.drive is not None else None
+        if drive is not None:
+            d = drive.value
+            kw |= {"bandwidth": d.bandwidth, "latency_ms": d.latency_us / 1000.0, "queue_depth": d.queue_depth}
+            kw["max_request_bytes"] = d.request_bytes
+        if self.rows_read_ahead and row is not None and row.read_ahead_kb is not None and not base.cold:
+            kw["window_pages"] = window_pages(row.read_ahead_kb, self.page_bytes.value)
+        return replace(base, **kw)
 
     def model(self, n_layer: int, capacity_pages: int | None, cold: bool) -> PageModel:
         """The page model at one page-cache capacity (None: unbounded); the room rule is each row's."""
@@ -131,7 +182,7 @@ class PageSettings:
             predictor_cost_ms=self.predictor_cost_pct.value / 100.0 * n_layer * layer_ms,
             op_ms=self.consumer_op_us.value / 1000.0,
             fault_ms=self.fault_us.value / 1000.0,
-            workers=self.prefetch_threads.value,
+            workers=self.prefetch_threads.value or PREFETCH_THREADS_DEFAULT,
             page_size=self.page_bytes.value,
         )
 
@@ -166,11 +217,15 @@ def _layout(opts: PageOptions, routing: Routing, measured: Measured | None) -> t
     return synthetic_layout({layer: size for layer in range(h.n_layer)}, h.n_expert), Setting(round(size), src)
 
 
-def _unit(opts: PageOptions, layout: ExpertLayout, cold: bool) -> Setting[int]:
+def _unit(opts: PageOptions, layout: ExpertLayout, cold: bool, measured: Measured | None) -> Setting[int]:
     """The simulation's page: 4 KiB, or 64 KiB (the kernel's fault-around block) when every expert
-    slice spans at least COARSE_MIN_SLICE bytes and faults read windows (not with --cold)."""
+    slice spans at least COARSE_MIN_SLICE bytes and faults read windows (not with --cold, nor for a
+    report with a row that sets ``random``: its faults read single pages)."""
     if opts.page_kb is not None:
         return Setting(opts.page_kb * 1024, "given")
+    exact = measured is not None and any(r.config is not None and r.config.random for r in measured.timed_rows())
+    if exact:
+        return Setting(PAGE_SIZE, "the kernel's page (a row reads single pages: MADV_RANDOM on the experts)")
     if not cold and layout.smallest_slice() >= COARSE_MIN_SLICE:
         return Setting(COARSE_PAGE, f"every expert slice >= {COARSE_MIN_SLICE // 1024} KiB: 64 KiB blocks")
     return Setting(PAGE_SIZE, "the kernel's page")
@@ -234,6 +289,24 @@ def _drive(opts: PageOptions, measured: Measured | None) -> tuple[Setting[float]
     return bandwidth, latency
 
 
+def _threads(opts: PageOptions, measured: Measured | None) -> Setting[int | None]:
+    if opts.prefetch_threads is not None:
+        return Setting(opts.prefetch_threads, "given")
+    if measured is None:
+        return Setting(PREFETCH_THREADS_DEFAULT, "the consumer's default")
+    return Setting(None, f"each row's (absent: {measured.workers_default}, the default of the consumer that ran it)")
+
+
+def _drives(measured: Measured | None, unit: int) -> dict[str, Setting[DriveModel]]:
+    """The report's emulated drives as the model plays them: their profiles, requests up to the mount's max_read."""
+    out = {}
+    for d in measured.drives if measured is not None else ():
+        request = max(unit, d.max_read // unit * unit)
+        model = DriveModel(d.bandwidth, d.latency_us, d.channels, request, d.read_ahead_kb)
+        out[d.name] = Setting(model, f"the report's drives.{d.name} (its profile; the mount's max_read)")
+    return out
+
+
 def _room(opts: PageOptions, measured: Measured | None) -> Setting[float | None]:
     if measured is None or opts.prefetch_room is not None:
         room = PREFETCH_ROOM_DEFAULT if opts.prefetch_room is None else opts.prefetch_room
@@ -278,8 +351,10 @@ def resolve(
     bandwidth, latency = _drive(opts, measured)
     layer_ms = _layer_ms(opts, measured, h.n_layer)
     ra = _readahead(opts, measured, cold, probe)
-    unit = _unit(opts, layout, cold)
-    window = ra.value * 1024 * LLAMA_FADV_SEQUENTIAL_FACTOR // unit.value
+    rows_ra = measured is not None and opts.readahead_kb is None and not cold
+    ra = Setting(ra.value, f"{ra.source}; a row's own where the report records it") if rows_ra else ra
+    unit = _unit(opts, layout, cold, measured)
+    window = window_pages(ra.value, unit.value)
     need = layout.token_need_bytes(h.n_expert_used)
     if measured is not None and measured.kind == "memory":
         limits: tuple[int | None, ...] = tuple(int(x) for x in (opts.memory_limit or measured.limits))
@@ -299,9 +374,11 @@ def resolve(
         consumer_op_us=Setting(opts.consumer_op_us, "given" if opts.consumer_op_us else "assumed 0"),
         fault_us=Setting(opts.fault_us, "given" if opts.fault_us else "assumed 0"),
         queue_depth=_given(opts.queue_depth, SIM_QUEUE_DEPTH_DEFAULT),
-        prefetch_threads=Setting(opts.prefetch_threads, "given"),
+        prefetch_threads=_threads(opts, measured),
         prefetch_room=_room(opts, measured),
         need_bytes=Setting(need, f"dense tensors + {h.n_expert_used}/{h.n_expert} of the routed experts"),
         process_bytes={limit: _process_bytes(opts, measured, limit) for limit in limits if limit is not None},
+        drives=_drives(measured, unit.value),
+        rows_read_ahead=rows_ra,
     )
     return PageSetup(layout, settings, limits, cold)

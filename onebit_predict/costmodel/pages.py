@@ -14,13 +14,17 @@ leaves out: docs/cost-model.md, "Pages: the page-granular model".
 The pieces, each small and tested on its own: where the experts are in the file
 (costmodel/layout.py ``ExpertLayout``); the page cache, the drive and the kernel's fault and
 readahead rules (costmodel/kernel.py); and here the events: :func:`run_config` plays one
-configuration (the predictor off or on, the consumer off, advise or read) over a trace's
-routing, the compute thread and the consumer's workers acting in time order on one kernel.
-Layer l hands the consumer the prediction of layer l+K, K the trace's lookahead
-(``header.ahead``, as costmodel/simulate.py). The consumer's room rule (``PageModel.prefetch_room``,
-ONEBIT_MOE_PREFETCH_ROOM) holds it off for the whole run when the page cache is below R x one
-token's need (:meth:`ExpertLayout.token_need_bytes`). costmodel/page_check.py plays the
-configurations of a report with it.
+configuration (the predictor off or on, the workers' call off, advise, read or populate, route
+time on or off) over a trace's routing, the compute thread and the consumer's workers acting in
+time order on one kernel. Layer l hands the consumer the prediction of layer l+K, K the trace's
+lookahead (``header.ahead``, as costmodel/simulate.py): its speculative reads. The consumer's room
+rule (``PageModel.prefetch_room``, ONEBIT_MOE_PREFETCH_ROOM) holds those off for the whole run when
+the page cache is below R x one token's need (:meth:`ExpertLayout.token_need_bytes`). With route
+time (ONEBIT_MOE_PREFETCH_ROUTE), right after layer l's router the consumer drops the speculative
+ranges still queued for layers <= l and queues, ahead of every speculative one, the ranges of
+layer l's selected experts that are not wholly resident (in the page cache, or under I/O: what
+mincore sees); the room rule does not hold it. ``populate`` (MADV_POPULATE_READ) plays as ``read``.
+costmodel/page_check.py plays the configurations of a report with it.
 """
 
 from __future__ import annotations
@@ -33,12 +37,17 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..constants import TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
+from ..constants import PREFETCH_THREADS_DEFAULT, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
 from ..trace import Trace
 from .kernel import PAGE_CACHES, Kernel, KernelCounts, PageDrive
 from .layout import PAGE_SIZE, ExpertLayout
 from .routing import Routing
 from .row_config import CONSUMERS, ORACLE
+
+# the workers' call of route-time reads when the consumer names none (C ONEBIT_PREFETCH_ROUTE_CALL: read);
+# populate (MADV_POPULATE_READ faults every page of the range in, readahead included) plays as read
+ROUTE_CALL = "read"
+AS_CALL = {"off": "off", "advise": "advise", "read": "read", "populate": "read"}
 
 
 class _Engine:
@@ -82,10 +91,12 @@ class PageModel:
     predictor_cost_ms: float = 0.0  # per token, spread over the layers that predict
     op_ms: float = 0.0  # the consumer's op on the compute thread, per predicted layer
     fault_ms: float = 0.0  # CPU cost of a major fault beyond the drive's latency
-    workers: int = 2  # the consumer's worker threads (ONEBIT_MOE_PREFETCH_THREADS)
+    workers: int = PREFETCH_THREADS_DEFAULT  # the consumer's worker threads (ONEBIT_MOE_PREFETCH_THREADS)
     drain: bool = True  # --cold read mode: each token waits for its own reads (the benchmark's DEBUG_DRAIN)
     prefill: bool = True  # replay the trace's prefill rows first, untimed (they fill the page cache)
     page_size: int = PAGE_SIZE
+    max_request_bytes: int | None = None  # a drive request's largest (FUSE's max_read); None: no limit
+    random_experts: bool = False  # MADV_RANDOM on the expert tensors (the consumer's random): no read-around there
     # the consumer's room rule (ONEBIT_MOE_PREFETCH_ROOM=R): it issues nothing while the page cache the
     # process can have (here capacity_pages; unbounded: never) is below R x the mapped bytes one token
     # reads (ExpertLayout.token_need_bytes); 0: no rule (the model's default: the runs measured before it)
@@ -98,6 +109,8 @@ class PageModel:
             raise ValueError(f"route_at must be in [0, 1], not {self.route_at}")
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, not {self.workers}")
+        if self.max_request_bytes is not None and self.max_request_bytes < self.page_size:
+            raise ValueError(f"a request's largest size must be at least a page, not {self.max_request_bytes}")
         if not (self.prefetch_room >= 0 and math.isfinite(self.prefetch_room)):
             raise ValueError(f"prefetch room must be a finite number >= 0, not {self.prefetch_room}")
 
@@ -129,7 +142,11 @@ class PageRun:
     prefill_counts: KernelCounts = field(default_factory=KernelCounts)
     page_size: int = PAGE_SIZE
     need_bytes: int = 0  # one token's mapped bytes (the room rule's need)
-    room_held: bool = False  # the room rule held the consumer off (it issued nothing)
+    room_held: bool = False  # the room rule held the consumer's speculative reads off (it issued none)
+    route: bool = False  # route-time reads
+    route_ranges: int = 0  # ranges the route-time ops queued (decode)
+    route_missing_pages: int = 0  # pages of the routed experts not resident when routed (decode)
+    stale_ranges: int = 0  # speculative ranges a route-time op dropped, still queued for its layer or before
 
     @property
     def tok_s(self) -> float | None:
@@ -211,33 +228,55 @@ def cost_per_layer_ms(steps: Sequence[_Step], cost_ms: float) -> float:
 
 
 class _Sim:
-    """One configuration's actors: the compute thread, the consumer's workers, their queue."""
+    """One configuration's actors: the compute thread, the consumer's workers, their two queues (the
+    route-time ops' ``urgent`` one, which the workers drain first, and the speculative one)."""
 
     def __init__(
-        self, kernel: Kernel, engine: _Engine, layout: ExpertLayout, consumer: str, n_workers: int, held: bool = False
+        self,
+        kernel: Kernel,
+        engine: _Engine,
+        layout: ExpertLayout,
+        call: str,
+        n_workers: int,
+        speculative: bool,
+        route: bool,
+        held: bool = False,
     ) -> None:
-        self.kernel, self.engine, self.layout, self.consumer = kernel, engine, layout, consumer
-        self.held = held  # the room rule holds the consumer off: its op runs, it issues nothing
-        self.queue: deque[tuple[float, int, int]] = deque()
-        self.workers = [_Worker(self) for _ in range(n_workers if consumer != "off" and not held else 0)]
+        self.kernel, self.engine, self.layout, self.call = kernel, engine, layout, call
+        self.speculative, self.route = speculative, route
+        self.held = held  # the room rule holds the speculative reads off: their op runs, it issues nothing
+        self.queue: deque[tuple[float, int, int, int]] = deque()  # (issued, first, end, layer)
+        self.urgent: deque[tuple[float, int, int, int]] = deque()
+        reads = route or (speculative and not held)
+        self.workers = [_Worker(self) for _ in range(n_workers if call != "off" and reads else 0)]
         self.drain_waiter: _Compute | None = None
-        self.ranges = 0
+        self.ranges = self.route_ranges = self.route_missing = self.stale = 0
 
-    def push(self, t: float, ranges: Sequence[tuple[int, int]]) -> None:
-        """The consumer's op hands ranges to the workers at t."""
+    def push(self, t: float, ranges: Sequence[tuple[int, int]], layer: int, urgent: bool = False) -> None:
+        """An op hands ranges of ``layer`` to the workers at t (``urgent``: a route-time op's)."""
+        q = self.urgent if urgent else self.queue
         for first, end in ranges:
-            self.queue.append((t, first, end))
-        self.ranges += len(ranges)
+            q.append((t, first, end, layer))
+        if urgent:
+            self.route_ranges += len(ranges)
+        else:
+            self.ranges += len(ranges)
         for w in self.workers:
-            if not self.queue:
+            if not self.queue and not self.urgent:
                 break
             if w.asleep:
                 w.asleep = False
                 w.t = max(w.t, t)
                 self.engine.at(w.t, w.gen)
 
+    def drop_stale(self, layer: int) -> None:
+        """A route-time op at ``layer``: the speculative ranges queued for it or an earlier layer come too late."""
+        kept = deque(r for r in self.queue if r[3] > layer)
+        self.stale += len(self.queue) - len(kept)
+        self.queue = kept
+
     def idle(self) -> bool:
-        return not self.queue and all(w.asleep for w in self.workers)
+        return not self.queue and not self.urgent and all(w.asleep for w in self.workers)
 
     def on_worker_idle(self, t: float) -> None:
         if self.drain_waiter is not None and self.idle():
@@ -247,7 +286,8 @@ class _Sim:
 
 
 class _Worker:
-    """A consumer worker: ``advise`` issues WILLNEED for each range; ``read`` touches its every page."""
+    """A consumer worker: ``advise`` issues WILLNEED for each range; ``read`` (and populate) touches its
+    every page; the route-time ops' ranges first."""
 
     def __init__(self, sim: _Sim) -> None:
         self.sim = sim
@@ -258,13 +298,17 @@ class _Worker:
     def _body(self) -> Generator[float | None, None, None]:
         sim, kernel, engine = self.sim, self.sim.kernel, self.sim.engine
         while True:
-            while not sim.queue:
+            if not sim.queue and not sim.urgent:
                 self.asleep = True
                 sim.on_worker_idle(self.t)
                 yield None
-            issued, first, end = sim.queue.popleft()
+                continue
+            if self.t > engine.next_time():  # the next range goes to whichever worker is free first
+                yield self.t
+                continue
+            issued, first, end, _ = (sim.urgent or sim.queue).popleft()
             self.t = max(self.t, issued)
-            if sim.consumer == "advise":
+            if sim.call == "advise":
                 if self.t > engine.next_time():
                     yield self.t
                 kernel.willneed(first, end, self.t)
@@ -308,6 +352,20 @@ class _Compute:
             out.extend(self.sim.layout.expert_ranges(step.target, e))
         return out
 
+    def _route(self, step: _Step, timed: bool) -> None:
+        """The route-time op of a layer: the stale speculative ranges dropped, then its selected experts'
+        ranges that are not wholly resident (mincore: pages under I/O count as resident) queued urgent."""
+        sim, cache = self.sim, self.sim.kernel.cache
+        sim.drop_stale(step.layer)
+        out = []
+        for e in dict.fromkeys(e for e in step.demand if e >= 0):
+            for first, end in sim.layout.expert_ranges(step.layer, e):
+                missing = sum(1 for p in range(first, end) if p not in cache)
+                if missing:
+                    out.append((first, end))
+                    sim.route_missing += missing if timed else 0
+        sim.push(self.t, out, step.layer, urgent=True)
+
     def _touch(self, pages: list[int], ms: float, timed: bool) -> Generator[float | None, None, None]:
         """Read ``pages`` in order, ``ms`` of compute spread over them (all of it when there are none)."""
         kernel, engine = self.sim.kernel, self.sim.engine
@@ -330,14 +388,19 @@ class _Compute:
         cost = cost_per_layer_ms(steps, model.predictor_cost_ms) if self.predictor else 0.0
         for step in steps:
             yield from self._touch(self._dense(step.layer), before, timed)  # attention, norms, router
+            if sim.route:  # right after the router: the layer's own experts, ahead of every speculative read
+                if self.t > sim.engine.next_time():
+                    yield self.t
+                self.t += model.op_ms
+                self._route(step, timed)
             if step.next_pred is not None:
                 self.t += cost
-            if sim.consumer != "off" and step.next_pred:
+            if sim.speculative and step.next_pred:
                 if self.t > sim.engine.next_time():
                     yield self.t
                 self.t += model.op_ms
                 if not sim.held:
-                    sim.push(self.t, self._ranges(step))
+                    sim.push(self.t, self._ranges(step), step.target)
             yield from self._touch(self._demand(step), model.layer_ms - before, timed)
         yield from self._touch(self._dense(None), 0.0, timed)
 
@@ -352,7 +415,7 @@ class _Compute:
                 kernel.evict(self.expert_page)
             start = self.t
             yield from self._token(steps, timed)
-            if sim.consumer == "read" and (not timed or (model.cold and model.drain)) and not sim.idle():
+            if sim.call == "read" and (not timed or (model.cold and model.drain)) and not sim.idle():
                 sim.drain_waiter = self  # the workers wake it when they are done
                 yield None
             if timed:
@@ -361,7 +424,7 @@ class _Compute:
             # the decode starts after the prefill's reads; what it read is counted apart
             self.t = max(self.t, kernel.drive.idle_at)
             self.prefill_counts, kernel.counts = kernel.counts, KernelCounts()
-            self.prefill_evicted, sim.ranges = kernel.cache.evicted, 0
+            self.prefill_evicted, sim.ranges, sim.route_ranges, sim.stale = kernel.cache.evicted, 0, 0, 0
 
 
 def run_config(
@@ -372,16 +435,21 @@ def run_config(
     consumer: str,
     name: str,
     prefill: Trace | Sequence[_Step] = (),
+    route: bool = False,
 ) -> PageRun:
     """One configuration: the predictor (the trace's, ``"oracle"``: the actual routing of the next
-    layer, predicted at no cost; None or False: off), the consumer off, advise or read;
-    ``prefill``: the trace (its prefill rows are replayed first, untimed) or those steps. A consumer
-    the room rule holds off (``model.prefetch_room``) issues nothing: ``room_held`` in the result."""
+    layer, predicted at no cost; None or False: off), the workers' call (off, advise, read or
+    populate: with the predictor, its speculative reads), ``route``: route-time reads (with the call,
+    or ROUTE_CALL when it is off); ``prefill``: the trace (its prefill rows are replayed first,
+    untimed) or those steps. Speculative reads the room rule holds off (``model.prefetch_room``)
+    issue nothing: ``room_held`` in the result."""
     if consumer not in CONSUMERS:
         raise ValueError(f"unknown consumer '{consumer}' (one of {', '.join(CONSUMERS)})")
-    if consumer != "off" and not predictor:
-        raise ValueError("a consumer needs the predictor")
+    if consumer != "off" and not predictor and not route:
+        raise ValueError("a consumer needs the predictor or route time")
     oracle = predictor == ORACLE
+    speculative = bool(predictor) and consumer != "off"
+    call = AS_CALL[consumer] if consumer != "off" or not route else ROUTE_CALL
     if isinstance(prefill, Trace):
         prefill = prefill_steps(prefill, oracle)
     missing = sorted(set(routing.layers) - set(layout.layers))
@@ -390,12 +458,14 @@ def run_config(
     if layout.page_size != model.page_size:
         layout = replace(layout, page_size=model.page_size)
     cache = PAGE_CACHES[model.page_cache](model.capacity_pages)
-    drive = PageDrive(model.bandwidth, model.latency_ms, model.queue_depth, model.page_size)
-    kernel = Kernel(layout.n_pages, cache, drive, model.window_pages, model.fault_ms)
+    max_pages = None if model.max_request_bytes is None else model.max_request_bytes // model.page_size
+    drive = PageDrive(model.bandwidth, model.latency_ms, model.queue_depth, model.page_size, max_pages)
+    random = layout.is_expert_page() if model.random_experts else None
+    kernel = Kernel(layout.n_pages, cache, drive, model.window_pages, model.fault_ms, random)
     engine = _Engine()
     need = layout.token_need_bytes(routing.header.n_expert_used)
-    held = consumer != "off" and model.room_holds(need)
-    sim = _Sim(kernel, engine, layout, consumer, model.workers, held)
+    held = speculative and model.room_holds(need)
+    sim = _Sim(kernel, engine, layout, call, model.workers, speculative, route, held)
     tokens = _steps(routing, oracle)
     compute = _Compute(sim, model, bool(predictor) and not oracle, tokens, list(prefill) if model.prefill else [])
     engine.at(0.0, compute.gen)
@@ -417,4 +487,8 @@ def run_config(
         model.page_size,
         need,
         held,
+        route,
+        sim.route_ranges,
+        sim.route_missing,
+        sim.stale,
     )

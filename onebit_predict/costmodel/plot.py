@@ -1,5 +1,6 @@
 """The plots: ``onebit-stats simulate --plot FILE.png`` (per-layer hit rate and tok/s against
-bandwidth) and ``onebit-stats plot-memory REPORT.json --png FILE.png`` (tok/s against the memory limit).
+bandwidth), ``onebit-stats plot-memory REPORT.json --png FILE.png`` (tok/s against the memory limit) and
+``onebit-stats plot-drives REPORT.json --png-dir DIR`` (per drive, each configuration's ratio to off per cell).
 
 matplotlib is the optional ``plot`` extra (``pip install 'onebit-predict[plot]'``);
 ``require_matplotlib`` raises ``PlotUnavailable`` with that hint when it is missing. A plot is
@@ -146,5 +147,62 @@ def plot_memory(
     ax.set_title(title, fontsize="medium")
     ax.grid(True, linewidth=0.3)
     ax.legend(fontsize="x-small", ncol=2)
+    fig.tight_layout()
+    _save(fig, path)
+
+
+def plot_drive_ratios(
+    configurations: list[str],
+    cells: list[tuple[str, list[tuple[float | None, float | None, float | None]]]],
+    path: str | Path,
+    title: str,
+) -> None:
+    """One drive's decode tok/s over patched off's: a group of bars per configuration, a bar per cell
+    (expert size x limit); ``cells`` is (cell label, per configuration (ratio, min, max) over off's
+    median, None where the cell lacks it). Lines at 1.0 (off) and 0.98 (a 2 % loss)."""
+    require_matplotlib("--png-dir")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    n = max(1, len(cells))
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.0 + 0.35 * n * len(configurations)), 5.2))
+    for i, (label, points) in enumerate(cells):
+        xs, ys, lo, hi = [], [], [], []
+        for j, (ratio, low, high) in enumerate(points):
+            if ratio is None:
+                continue
+            xs.append(j - 0.4 + width * (i + 0.5))
+            ys.append(ratio)
+            lo.append(max(0.0, ratio - (low if low is not None else ratio)))
+            hi.append(max(0.0, (high if high is not None else ratio) - ratio))
+        ax.bar(
+            xs,
+            ys,
+            width=width * 0.92,
+            yerr=[lo, hi],
+            capsize=1.5,
+            error_kw={"linewidth": 0.7},
+            color=colours[i % len(colours)],
+            label=label,
+        )
+    ax.axhline(1.0, color="black", linewidth=0.8, label="1.0: patched off")
+    ax.axhline(0.98, color="grey", linewidth=0.8, linestyle=":", label="0.98: a 2 % loss")
+    ax.set_xticks(range(len(configurations)))
+    ax.set_xticklabels(configurations, rotation=30, ha="right", fontsize="small")
+    ax.set_xlim(-0.6, len(configurations) - 0.4)
+    ax.set_ylabel("decode tok/s over patched off's\n(median; bars: min-max over off's median)")
+    ax.set_title(title, fontsize="medium")
+    ax.grid(True, axis="y", linewidth=0.3)
+    ax.legend(
+        fontsize="x-small",
+        title="expert size, limit",
+        title_fontsize="x-small",
+        loc="upper left",
+        bbox_to_anchor=(1.005, 1.0),
+    )
     fig.tight_layout()
     _save(fig, path)

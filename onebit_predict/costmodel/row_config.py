@@ -17,6 +17,14 @@ A row of ``onebit-bench --memory-limit`` (checks/bench_memory.py) or ``--cold``
 A report written before the ``config`` objects names its rows only: :func:`from_name` parses
 those names, here and nowhere else (``block + advise, depth 16, no guard``, ``oracle + advise``).
 
+The consumer reads at two moments (include/onebit-moe.h, docs/policy.md): ``consumer`` names the
+workers' call (advise, read, populate) and, with a predictor, turns its speculative reads on;
+``route`` reads each layer's routed experts as soon as its router ran (the peers' mechanism,
+ONEBIT_MOE_PREFETCH_ROUTE; with a predictor, only what the prediction missed), with ``consumer``'s
+call, or llama.cpp's default for it (populate) when the consumer is off. Names join the parts with
+`` + ``: ``route``, ``block + populate + route``, ``oracle + advise + route``. ``random`` turns the
+kernel's readahead off on the expert tensors (ONEBIT_MOE_PREFETCH_RANDOM, ``exact`` in the name).
+
 A knob is a field declared with :func:`knob` (its variable, its word in the name, its type);
 adding one is that one line: the name, the environment, the C API settings and the report's
 fields follow. The oracle (the consumer spending the routing a trace of the same tokens
@@ -51,7 +59,10 @@ from ..constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_PREFETCH_GUARD,
+    ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
+    ENV_PREFETCH_ROUTE,
+    ENV_PREFETCH_THREADS,
     MODE_NAMES,
     MODE_OFF,
 )
@@ -60,7 +71,9 @@ from ..drive.profiles import PROFILES
 OFF = "patched off"  # the name of the predictor off
 ORACLE = "oracle"  # the name's predictor for an oracle row
 PREDICTORS = tuple(name for mode, name in MODE_NAMES.items() if mode != MODE_OFF)
-CONSUMERS = ("off", "advise", "read")
+CONSUMERS = ("off", "advise", "read", "populate")
+ROUTE = "route"  # the name's part for route-time reads
+EXACT = "exact"  # the name's qualifier for readahead off on the experts (random)
 NATIVE = "native"  # the drive the model lives on, read where it is
 DRIVES = (NATIVE, *PROFILES)  # and the emulated drives' profiles (onebit_predict/drive/profiles.py)
 ORACLE_OFF = ("guard", "room")  # what the oracle runs without (0) unless its fields say otherwise
@@ -126,13 +139,16 @@ class RowConfig:
     """A configuration of the predictor and its consumer, as a benchmark row runs it."""
 
     predictor: str | None = None  # router, block, learned; None: the predictor off ("patched off")
-    consumer: str = "off"  # the prefetch consumer: off, advise, read
+    consumer: str = "off"  # the workers' call: off, advise, read, populate (with a predictor: speculative reads)
     oracle: bool = False  # the consumer spends a recorded trace's routing (router mode): the upper bound
+    route: bool = False  # read each layer's routed experts at route time (the peers' mechanism)
+    random: bool = False  # readahead off on the expert tensors (MADV_RANDOM): exact reads only
     # the knobs, None: the default (unset); one line each
     ahead: int | None = knob(ENV_AHEAD, "ahead", int, low=1)  # predict layer l+K from layer l
     depth: int | None = knob(ENV_DEPTH, "depth", int, low=1)  # candidates ranked per layer
     guard: int | None = knob(ENV_PREFETCH_GUARD, "guard", int, low=0, zero="no guard")  # tokens per probe
     room: float | None = knob(ENV_PREFETCH_ROOM, "room", float, low=0)  # the room rule's factor R
+    workers: int | None = knob(ENV_PREFETCH_THREADS, "workers", int, low=1)  # the consumer's read workers
     read_ahead_kb: int | None = knob(None, "readahead", int, low=0)  # the drive's, set for the run
     drive: str | None = knob(None, "drive", str, choices=DRIVES, bare=True)  # where the model was read from
 
@@ -141,10 +157,12 @@ class RowConfig:
             raise ValueError(f"unknown predictor {self.predictor!r} (one of {', '.join(PREDICTORS)}, or None)")
         if self.consumer not in CONSUMERS:
             raise ValueError(f"unknown consumer {self.consumer!r} (one of {', '.join(CONSUMERS)})")
-        if self.consumer != "off" and self.predictor is None:
-            raise ValueError(f"the consumer {self.consumer} needs a predictor")
+        if self.consumer != "off" and self.predictor is None and not self.route:
+            raise ValueError(f"the consumer {self.consumer} needs a predictor or route")
         if self.oracle and (self.predictor != "router" or self.consumer == "off"):
-            raise ValueError("the oracle is a consumer (advise or read) of the router predictor")
+            raise ValueError("the oracle is a consumer (advise, read or populate) of the router predictor")
+        if self.random and self.consumer == "off" and not self.route:
+            raise ValueError("readahead off on the experts (random) needs the consumer on")
         for f, k in _knobs(type(self)):
             value = getattr(self, f.name)
             if value is not None:
@@ -156,15 +174,19 @@ class RowConfig:
         return self.predictor is None
 
     @property
+    def speculative(self) -> bool:
+        """Whether the consumer reads predicted experts ahead of their layer."""
+        return self.predictor is not None and self.consumer != "off"
+
+    @property
     def name(self) -> str:
-        """The display name: ``patched off``, ``router``, ``block + advise, depth 16, room 0``, ``oracle + advise``."""
-        if self.predictor is None:
-            head = OFF
-        else:
-            head = ORACLE if self.oracle else self.predictor
-            if self.consumer != "off":
-                head = f"{head} + {self.consumer}"
-        return ", ".join([head, *(k.qualifier(v) for k, v in self._set())])
+        """The display name: ``patched off``, ``router``, ``block + advise, depth 16, room 0``, ``oracle + advise``,
+        ``route``, ``block + populate + route``."""
+        parts = [] if self.predictor is None else [ORACLE if self.oracle else self.predictor]
+        parts += [self.consumer] if self.consumer != "off" else []
+        parts += [ROUTE] if self.route else []
+        head = " + ".join(parts) or OFF
+        return ", ".join([head, *([EXACT] if self.random else []), *(k.qualifier(v) for k, v in self._set())])
 
     def _set(self) -> list[tuple[Knob, Any]]:
         """The knobs given (not None), in field order."""
@@ -176,7 +198,12 @@ class RowConfig:
         out: dict[str, str] = {}
         if self.predictor is not None:
             out[ENV_MODE] = self.predictor
+        if self.predictor is not None or self.route:
             out[ENV_PREFETCH] = self.consumer
+        if self.route:
+            out[ENV_PREFETCH_ROUTE] = "1"
+        if self.random:
+            out[ENV_PREFETCH_RANDOM] = "1"
         for f, k in _knobs(type(self)):
             value = getattr(self, f.name)
             if value is None and self.oracle and f.name in ORACLE_OFF:
@@ -191,7 +218,14 @@ class RowConfig:
         """The C API's settings (runner.Context, moe_api.moe_params): :meth:`env`, and None (the
         default, whatever the environment says) for every other variable this configuration controls."""
         knobs = [k.env for _, k in _knobs(type(self)) if k.env]
-        controlled = [ENV_MODE, ENV_PREFETCH, ENV_PREFETCH_DEBUG_ORACLE, *knobs]
+        controlled = [
+            ENV_MODE,
+            ENV_PREFETCH,
+            ENV_PREFETCH_ROUTE,
+            ENV_PREFETCH_RANDOM,
+            ENV_PREFETCH_DEBUG_ORACLE,
+            *knobs,
+        ]
         return {name: None for name in controlled} | self.env(oracle_source)
 
     def consumer_off(self) -> RowConfig:
@@ -221,12 +255,13 @@ class RowConfig:
             if data.get(f.name) is not None:
                 kw[f.name] = k.read(data[f.name], where)
         predictor, consumer, oracle = data.get("predictor"), data.get("consumer", "off"), data.get("oracle", False)
+        route, random = data.get("route", False), data.get("random", False)
         if not (predictor is None or isinstance(predictor, str)) or not isinstance(consumer, str):
             raise ValueError(f"{where}: predictor and consumer are strings")
-        if not isinstance(oracle, bool):
-            raise ValueError(f"{where}: oracle is true or false")
+        if not all(isinstance(b, bool) for b in (oracle, route, random)):
+            raise ValueError(f"{where}: oracle, route and random are true or false")
         try:
-            return cls(predictor, consumer, oracle, **kw)
+            return cls(predictor, consumer, oracle, route, random, **kw)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
 
@@ -240,18 +275,27 @@ def from_name(name: str) -> RowConfig | None:
     """The configuration a report written before the ``config`` objects names (None when the name
     is not one: ``patched off, warm``, ``router + trace``, ...). The only reader of names."""
     head, *quals = [x.strip() for x in name.split(",")]
-    pred, _, consumer = (x.strip() for x in head.partition(" + "))
-    kw: dict[str, Any] = {"consumer": consumer or "off"}
-    if pred == ORACLE:
-        kw |= {"predictor": "router", "oracle": True}
-    elif pred != OFF:
-        kw["predictor"] = pred
+    kw: dict[str, Any] = {"consumer": "off"}
+    if head != OFF:
+        for part in (x.strip() for x in head.split(" + ")):
+            if part == ORACLE and not kw.get("predictor"):
+                kw |= {"predictor": "router", "oracle": True}
+            elif part in PREDICTORS and not kw.get("predictor"):
+                kw["predictor"] = part
+            elif part in CONSUMERS[1:] and kw["consumer"] == "off":
+                kw["consumer"] = part
+            elif part == ROUTE and not kw.get("route"):
+                kw["route"] = True
+            else:
+                return None
     by_word = {k.word: (f.name, k) for f, k in _knobs() if not k.bare}
     zeros = {k.zero: f.name for f, k in _knobs() if k.zero is not None}
     bare = {value: f.name for f, k in _knobs() if k.bare for value in k.choices or ()}
     for q in quals:
         word, _, text = q.partition(" ")
-        if q in zeros:
+        if q == EXACT:
+            kw["random"] = True
+        elif q in zeros:
             kw[zeros[q]] = 0
         elif q in bare:
             kw[bare[q]] = q

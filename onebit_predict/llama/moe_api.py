@@ -4,7 +4,7 @@ ctypes next to llama-cpp-python's own bindings.
 ``struct onebit_moe_params`` holds one string per knob, the text of its ONEBIT_* variable;
 ``onebit_init_from_model(model, params, &moe)`` creates a context with them. Precedence, knob
 by knob: a value given here wins (``""`` means the default); a knob left NULL falls back to its
-ONEBIT_* environment variable (policy.resolve_knobs is the same rule in Python).
+ONEBIT_* environment variable (policy.resolve_knob is the same rule in Python).
 tests/test_abi.py holds these structures to the C layout, field by field.
 """
 
@@ -31,7 +31,9 @@ from ..constants import (
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
+    ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_THREADS,
     ENV_STATS,
 )
@@ -57,6 +59,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("prefetch_debug_oracle", ENV_PREFETCH_DEBUG_ORACLE),
     ("predict_learned", ENV_LEARNED),
     ("prefetch_room", ENV_PREFETCH_ROOM),
+    ("prefetch_route", ENV_PREFETCH_ROUTE),
+    ("prefetch_random", ENV_PREFETCH_RANDOM),
 )
 
 

@@ -1,0 +1,226 @@
+"""The page model's route-time reads, populate, MADV_RANDOM on the experts, and rows on emulated drives
+(costmodel/pages.py, kernel.py, page_settings.py, page_check.py, measured.py; docs/cost-model.md,
+"Pages"): the route op's ranges go ahead of the speculative ones, stale speculative ranges are
+dropped, a prediction already issued leaves route nothing to read, route reads overlap where a
+lone fault waits, and a report's row plays on its drive's profile with its own window and workers.
+The tiny routing, layout and model are test_simulate_pages.py's.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, PREFETCH_THREADS_BEFORE_ROUTE, PREFETCH_THREADS_DEFAULT
+from onebit_predict.costmodel.kernel import Kernel, PageCache, PageDrive
+from onebit_predict.costmodel.layout import synthetic_layout
+from onebit_predict.costmodel.measured import load_measured
+from onebit_predict.costmodel.pages import _Engine, _Sim, run_config
+from onebit_predict.costmodel.routing import load_routing
+from onebit_predict.costmodel.row_config import RowConfig
+from onebit_predict.drive.profiles import NVME
+from onebit_predict.trace import Trace
+from tests.test_simulate_pages import (
+    P,
+    ahead_trace,
+    config_report,
+    layout_3_pages,
+    memory_report,
+    run_cli,
+    tiny,  # noqa: F401 (the fixture)
+    tiny_model,
+)
+
+
+def play(path, model, predictor, consumer, route=False, layout=None):
+    trace = Trace.open(path)
+    lay = layout or layout_3_pages()
+    return run_config(load_routing(trace), lay, model, predictor, consumer, "x", trace, route=route)
+
+
+# --- the workers' two queues ------------------------------------------------------------------
+
+
+def one_worker_sim(call: str = "advise") -> tuple[_Sim, Kernel, _Engine]:
+    kernel = Kernel(64, PageCache(None), PageDrive(4096e3, 1.0, 1), window=0)
+    engine = _Engine()
+    return _Sim(kernel, engine, synthetic_layout({0: 3 * P}, 4), call, 1, True, True), kernel, engine
+
+
+def test_a_route_op_is_served_before_the_speculative_ranges_queued_first():
+    sim, kernel, engine = one_worker_sim()
+    sim.push(0.0, [(10, 12), (20, 22)], layer=3)  # speculative, for layer 3
+    sim.push(0.0, [(30, 32)], layer=1, urgent=True)  # a route-time op of layer 1
+    engine.run()
+    # one request in service at a time, FIFO: the urgent range's pages flow first
+    assert max(kernel.cache.ready(p) for p in (30, 31)) < min(kernel.cache.ready(p) for p in (10, 11, 20, 21))
+    assert (sim.ranges, sim.route_ranges) == (2, 1) and sim.idle()
+
+
+def test_a_route_op_drops_the_speculative_ranges_of_its_layer_and_before():
+    sim, _, _ = one_worker_sim()
+    sim.workers = []  # nobody serves them: they stay queued
+    sim.push(0.0, [(0, 1)], layer=1)
+    sim.push(0.0, [(1, 2), (2, 3)], layer=2)
+    sim.push(0.0, [(3, 4)], layer=3)
+    sim.drop_stale(2)
+    assert [r[3] for r in sim.queue] == [3] and sim.stale == 3
+    sim.drop_stale(0)
+    assert len(sim.queue) == 1 and sim.stale == 3
+
+
+def test_late_speculative_reads_are_dropped_in_a_run(tiny):  # noqa: F811
+    """One worker reading page by page at 1 s a page: layer 1's predicted ranges are still queued when
+    layer 1 routes (no compute between), and are dropped there."""
+    slow = tiny_model(bandwidth=4096.0, latency_ms=0.0, workers=1)
+    run = play(tiny, slow, "router", "read", route=True)
+    assert run.route and run.stale_ranges > 0
+    no_route = play(tiny, slow, "router", "read")
+    assert no_route.stale_ranges == 0 and not no_route.route
+
+
+# --- what a route op reads ----------------------------------------------------------------------
+
+
+def test_route_reads_what_the_routed_experts_lack(tiny):  # noqa: F811
+    """Decode: t1 routes experts the prefill read; t2 routes expert 1 (layer 0) and 3 (layer 1), 3 pages
+    each, missing; t3 routes what t2 brought in. Layer 1's prediction is right at t1 and t3, wrong at t2."""
+    alone = play(tiny, tiny_model(), None, "off", route=True)
+    assert (alone.route_missing_pages, alone.route_ranges, alone.consumer) == (6, 6, "off")
+    off = play(tiny, tiny_model(), None, "off")
+    assert alone.counts.pages_read == off.counts.pages_read  # the same pages, read by the workers
+    with_router = play(tiny, tiny_model(), "router", "read", route=True)
+    assert with_router.route_missing_pages == 6  # the prediction missed layer 1 at t2: route reads it
+    oracle = play(tiny, tiny_model(layer_ms=2.0), "oracle", "advise", route=True)
+    assert oracle.route_missing_pages == 3  # layer 0 is never predicted; layer 1 was, rightly
+
+
+def test_a_perfect_prediction_already_issued_leaves_route_nothing(tmp_path):
+    """Layers 0 and 1 always route expert 0 (read by the prefill), layer 2 a new expert each token,
+    predicted right a layer ahead: the advised pages are in the page cache (or under I/O, which
+    mincore counts as resident) when layer 2 routes, so route issues nothing."""
+    path = ahead_trace(tmp_path / "k1.bin", 1)
+    lay = synthetic_layout({layer: 3 * P for layer in range(3)}, n_expert=4)
+    model = tiny_model(layer_ms=2.0, route_at=0.5)
+    for predictor in ("router", "oracle"):
+        run = play(path, model, predictor, "advise", route=True, layout=lay)
+        assert (run.route_ranges, run.route_missing_pages) == (0, 0), predictor
+    alone = play(path, model, None, "off", route=True, layout=lay)
+    assert (alone.route_ranges, alone.route_missing_pages) == (9, 9)  # layer 2's 3 slices, 3 tokens
+
+
+def test_route_overlaps_the_reads_a_lone_fault_serialises(tiny):  # noqa: F811
+    """A slow drive (10 ms a request) with 4 requests in service: off faults an expert's 3 slices one
+    after another; route's workers read them at once, so it decodes faster (it would not, were the
+    route op's reads not modelled)."""
+    slow = tiny_model(bandwidth=4096e4, latency_ms=10.0, queue_depth=4)
+    off = play(tiny, slow, None, "off")
+    route = play(tiny, slow, None, "off", route=True)
+    assert route.counts.pages_read == off.counts.pages_read
+    assert route.total_ms < 0.6 * off.total_ms
+    serial = play(tiny, tiny_model(bandwidth=4096e4, latency_ms=10.0, queue_depth=1), None, "off", route=True)
+    assert serial.total_ms > route.total_ms  # one request in service: little to overlap
+
+
+def test_route_is_not_held_by_the_room_rule(tiny):  # noqa: F811
+    held = play(tiny, tiny_model(capacity_pages=5, prefetch_room=1.0), "router", "read", route=True)
+    assert held.room_held and held.prefetch_ranges == 0 and held.route_ranges > 0
+
+
+def test_populate_plays_as_read_and_route_needs_no_predictor(tiny):  # noqa: F811
+    read = play(tiny, tiny_model(), "router", "read", route=True)
+    populate = play(tiny, tiny_model(), "router", "populate", route=True)
+    assert (populate.counts, populate.token_ms) == (read.counts, read.token_ms)
+    assert play(tiny, tiny_model(), None, "populate", route=True).route_ranges == 6
+    with pytest.raises(ValueError, match="predictor or route"):
+        play(tiny, tiny_model(), None, "read")
+
+
+# --- the kernel: MADV_RANDOM on some pages, requests no larger than max_read -------------------------
+
+
+def test_random_pages_fault_alone_and_pull_no_window():
+    random = [False] * 32 + [True] * 32
+    k = Kernel(64, PageCache(None), PageDrive(4096e3, 1.0, 4), window=8, random=random)
+    k.access(40, 0.0)
+    assert sorted(k.cache.pages()) == [40] and not k.cache.marker
+    k.access(10, 0.0)  # a page outside: its read-around window
+    assert {p for p in k.cache.pages() if p < 32} == set(range(6, 14))
+
+
+def test_a_window_is_split_into_requests_of_max_read():
+    k = Kernel(64, PageCache(None), PageDrive(4096e3, 1.0, 4, max_pages=2), window=8)
+    k.access(20, 0.0)
+    assert (k.counts.requests, k.counts.pages_read) == (4, 8)
+    assert k.cache.ready(16) < k.cache.ready(18)  # each its own latency, overlapping, then its bytes
+
+
+# --- a report's rows on their drives ------------------------------------------------------------------
+
+
+def drive_report(tmp_path, configs, limit=65536):
+    """A route-era report (config objects with ``route``) whose rows ran natively and on an emulated nvme
+    (the mount: max_read 8 KiB, read_ahead_kb 4), resident runs included."""
+    path = config_report(tmp_path / "drives.json", configs, limit=limit)
+    data = json.loads(path.read_text())
+    data["drive"]["read_ahead_kb"] = 16
+    data["drives"] = {
+        "native": {"emulated": False, "path": "tiny.gguf"},
+        "nvme": {"emulated": True, "profile": asdict(NVME), "max_read": 8192, "read_ahead_kb": 4},
+    }
+    for drive, tok_s in (("nvme", 10.0), ("native", 20.0)):
+        resident = {"name": f"patched off, {drive}", "median_tok_s": tok_s, "config": {"drive": drive}}
+        data["rows"].append({"limit_bytes": 0, **resident})
+    data["rows"][0]["route_missing_per_token"] = 3 * P
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_report_reads_its_drives_workers_and_resident_run(tmp_path):
+    path = drive_report(tmp_path, [RowConfig(route=True, drive="nvme")])
+    m = load_measured(path)
+    (nvme,) = m.drives
+    assert (nvme.name, nvme.latency_us, nvme.channels, nvme.max_read, nvme.read_ahead_kb) == ("nvme", 65.0, 64, 8192, 4)
+    assert m.workers_default == PREFETCH_THREADS_DEFAULT and m.warm_tok_s == 20.0  # the native resident run
+    assert m.rows[0].drive == "nvme" and m.rows[0].read_ahead_kb == 4 and m.rows[0].route_missing_per_token == 3 * P
+    old = load_measured(memory_report(tmp_path / "old.json", {"patched off": 1.0}))
+    assert old.workers_default == PREFETCH_THREADS_BEFORE_ROUTE and old.drives == ()
+
+
+def test_a_row_on_an_emulated_drive_plays_its_profile(capsys, tiny, tmp_path):  # noqa: F811
+    configs = [RowConfig(route=True, drive="native"), RowConfig(route=True, drive="nvme")]
+    configs += [RowConfig(route=True, drive="nvme", workers=3)]
+    path = drive_report(tmp_path, configs)
+    args = ["--expert-bytes", "12288", "--layer-ms", "0", "--tolerance", "999", "--json", "--measured", path]
+    rc, out, err = run_cli(capsys, tiny, *args)
+    assert rc in (EXIT_OK, EXIT_CHECK_FAILED), err  # the made-up tok/s: the nvme rows may miss
+    got = json.loads(out)
+    assert got["model"]["drive@nvme"]["value"] == {
+        "bandwidth": 6e9,
+        "latency_us": 65.0,
+        "queue_depth": 64,
+        "request_bytes": 8192,
+        "read_ahead_kb": 4,
+    }
+    rows = {r["configuration"]: r for r in got["rows"]}
+    native, nvme, three = rows["route, native"], rows["route, nvme"], rows["route, workers 3, nvme"]
+    assert (native["drive"], nvme["drive"]) == ("native", "nvme")
+    assert native["read_around_kib"] == 32 and nvme["read_around_kib"] == 8  # 2 x each row's read_ahead_kb
+    assert (native["workers"], nvme["workers"], three["workers"]) == (PREFETCH_THREADS_DEFAULT,) * 2 + (3,)
+    assert nvme["tok_s"] != native["tok_s"]  # 6 GB/s at 65 us against the report's 4 MB/s at 1 ms
+    assert native["kind"] == "route" and native["checked"]
+    assert native["measured_route_missing_mib_per_token"] == pytest.approx(3 * P / 2**20)
+    assert native["route_missing_mib_per_token"] is not None
+    rc, out, _ = run_cli(capsys, tiny, *args[:-3], "--measured", path)
+    assert "drive nvme: 6 GB/s, latency 65 us, queue depth 64, requests up to 8 KiB" in out
+
+
+def test_a_route_row_with_the_guard_is_shown_not_checked(capsys, tiny, tmp_path):  # noqa: F811
+    path = config_report(tmp_path / "g.json", [RowConfig(route=True), RowConfig(route=True, guard=4)], limit=65536)
+    args = ["--expert-bytes", "12288", "--layer-ms", "0", "--readahead-kb", "0", "--tolerance", "999", "--json"]
+    rc, out, err = run_cli(capsys, tiny, *args, "--measured", path)
+    assert rc in (EXIT_OK, EXIT_CHECK_FAILED), err
+    checked = {r["configuration"]: r["checked"] for r in json.loads(out)["rows"]}
+    assert checked == {"route": True, "route, guard 4": False}

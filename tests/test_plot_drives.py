@@ -1,0 +1,267 @@
+"""onebit-stats plot-drives: the drive matrix's cells (drive x expert size x limit) from onebit-bench
+--memory-limit --drive reports: the ratios per cell, the floor and the physical limit, the "gain from"
+rule, the drive labels, --json/--csv, one PNG per drive, and exit 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from onebit_predict.commands.plot_drives import png_name
+from onebit_predict.commands.stats import main as stats_main
+from onebit_predict.constants import EXIT_OK, EXIT_USAGE
+from onebit_predict.costmodel.drive_cells import (
+    GAIN_BYTES,
+    GAIN_FLIGHT,
+    NO_GAIN,
+    drive_cells,
+    gain_from,
+    physical_limit,
+)
+from onebit_predict.costmodel.measured import load_measured
+
+MIB = 2**20
+EXPERTS = 400 * MIB  # the model's expert bytes
+HALF = EXPERTS // 2
+PROFILES = {
+    "nvme": {"latency_us": 65.0, "bandwidth": 6e9, "channels": 64, "max_read": 131072},
+    "sata": {"latency_us": 70.0, "bandwidth": 5.6e8, "channels": 8, "max_read": 131072},
+}
+OFF: dict[str, object] = {}
+ROUTE = {"route": True}
+BLOCK_READ = {"predictor": "block", "consumer": "read"}
+BLOCK_ADVISE = {"predictor": "block", "consumer": "advise"}
+ROUTE_GUARD = {"route": True, "guard": 4}
+
+
+def row(limit: int, config: dict, drive: str, ra: int, tok: float, read: float, missing: float | None = None) -> dict:
+    """A report row: ``missing`` the route-time misses in MiB per token (None: no route)."""
+    full = {"predictor": None, "consumer": "off", "oracle": False, "route": False, "random": False}
+    full |= {"ahead": None, "depth": None, "guard": None, "room": None, "workers": None}
+    full |= config | {"read_ahead_kb": ra, "drive": drive}
+    return {
+        "limit_bytes": limit,
+        "name": "x",  # the config object decides, not the name
+        "median_tok_s": tok,
+        "min_tok_s": tok * 0.9,
+        "max_tok_s": tok * 1.2,
+        "ratio_to_off": 99.0,  # the cell's own off decides (this is never used when off is there)
+        "read_mib_per_token": read,
+        "major_faults_per_token": 1.0,
+        "config": full,
+        "route_missing_per_token": None if missing is None else missing * MIB,
+    }
+
+
+def report(path: Path, rows: list[dict], drives: tuple[str, ...] = ("native", "nvme", "sata"), **extra) -> Path:
+    data = {
+        "model": "/nowhere/w21504-q4_k_m.gguf",
+        "rounds": 1,
+        "prompt": 16,
+        "generate": 24,
+        "threads": 1,
+        "expert_bytes": EXPERTS,
+        "memory_limits": sorted({r["limit_bytes"] for r in rows}),
+        "drive": {"bandwidth_mb_s": 1000.0, "page_read_us": 70.0, "read_ahead_kb": 128},
+        "drives": {
+            d: {"emulated": False} if d == "native" else {"emulated": True, "profile": PROFILES[d]} for d in drives
+        },
+        "rows": rows,
+    } | extra
+    path.write_text(json.dumps(data))
+    return path
+
+
+def matrix_rows(ra: int = 128, drives: tuple[str, ...] = ("native", "nvme", "sata"), resident: bool = True) -> list:
+    rows = []
+    for d in drives:
+        if resident:
+            rows += [row(0, OFF, d, ra, 50.0, 0.0), row(0, ROUTE, d, ra, 51.0, 0.0, 0.0)]
+        rows += [
+            row(HALF, OFF, d, ra, 8.0, 80.0),
+            row(HALF, ROUTE, d, ra, 10.0, 70.0, 60.0),  # 1.25x, 0.875x the bytes: fewer bytes
+            row(HALF, BLOCK_READ, d, ra, 12.0, 90.0),  # 1.5x with more bytes: reads in flight
+            row(HALF, BLOCK_ADVISE, d, ra, 8.3, 60.0),  # 1.0375x: under 5 %, no gain
+            row(HALF, ROUTE_GUARD, d, ra, 9.0, 75.0, 40.0),  # a route row with a knob: not the floor
+        ]
+    return rows
+
+
+@pytest.fixture
+def matrix(tmp_path):
+    return report(tmp_path / "m.json", matrix_rows())
+
+
+def run(capsys, *args):
+    rc = stats_main(["plot-drives", *(str(a) for a in args)])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return rc, out, err
+
+
+def cell(cells, drive, limit):
+    return next(c for c in cells if c.drive_label == drive and c.limit_bytes == limit)
+
+
+def test_floor_and_physical_limit_arithmetic(matrix):
+    cells = drive_cells([load_measured(matrix)])
+    nvme, sata, native = (cell(cells, d, HALF) for d in ("nvme", "sata", "native @128"))
+    for c in (nvme, sata, native):
+        assert c.floor_mib == pytest.approx(60.0)  # the plain route row's, not route, guard 4's 40
+        assert c.compute_s == pytest.approx(1 / 50.0)  # the resident patched off of the same drive
+    assert nvme.bandwidth == 6e9 and sata.bandwidth == 5.6e8 and native.bandwidth == pytest.approx(1e9)
+    # nvme: 60 MiB / 6 GB/s = 10.5 ms < 20 ms of compute: the compute bound, 50 tok/s
+    assert nvme.drive_s == pytest.approx(60 * MIB / 6e9)
+    assert nvme.physical_limit_tok_s == pytest.approx(50.0)
+    # sata: 60 MiB / 560 MB/s = 112 ms: the drive bound
+    assert sata.physical_limit_tok_s == pytest.approx(5.6e8 / (60 * MIB))
+    assert native.physical_limit_tok_s == pytest.approx(1e9 / (60 * MIB))
+    assert physical_limit(0.02, 60 * MIB, 6e9) == pytest.approx(50.0)
+    assert physical_limit(None, 60 * MIB, 6e9) is None  # no resident off: unknown
+    assert physical_limit(0.02, None, 6e9) is None  # no route-alone row: unknown
+    resident = cell(cells, "nvme", 0)
+    assert resident.floor_mib == 0.0 and resident.physical_limit_tok_s == pytest.approx(50.0)
+    assert resident.row("route").read_over_floor is None  # 0 / 0: no figure
+    assert nvme.row("patched off").read_over_floor == pytest.approx(80.0 / 60.0)
+
+
+def test_ratios_are_per_cell(tmp_path):
+    rows = matrix_rows(drives=("nvme", "sata"))
+    rows = [r | {"median_tok_s": r["median_tok_s"] * 2} if r["config"]["drive"] == "sata" else r for r in rows]
+    rows[-5]["median_tok_s"] = 4.0  # sata's off at 50 %: 4, not 16
+    cells = drive_cells([load_measured(report(tmp_path / "r.json", rows, drives=("nvme", "sata")))])
+    nvme, sata = cell(cells, "nvme", HALF), cell(cells, "sata", HALF)
+    assert nvme.off_tok_s == 8.0 and sata.off_tok_s == 4.0
+    assert nvme.row("route").ratio_to_off == pytest.approx(10.0 / 8.0)
+    assert sata.row("route").ratio_to_off == pytest.approx(20.0 / 4.0)
+    assert nvme.row("patched off").ratio_to_off == 1.0
+    r = nvme.row("block + read")
+    assert r.ratio_min == pytest.approx(12.0 * 0.9 / 8.0) and r.ratio_max == pytest.approx(12.0 * 1.2 / 8.0)
+    assert cell(cells, "nvme", 0).row("route").ratio_to_off == pytest.approx(51.0 / 50.0)
+
+
+def test_gain_from_rule(matrix):
+    assert gain_from(1.05, 72.0, 80.0) == GAIN_BYTES  # exactly 5 % faster, exactly 0.9x the bytes
+    assert gain_from(1.05, 72.1, 80.0) == GAIN_FLIGHT
+    assert gain_from(1.049, 10.0, 80.0) == NO_GAIN  # under 5 %
+    assert gain_from(0.8, 10.0, 80.0) == NO_GAIN
+    assert gain_from(1.5, 0.0, 0.0) == NO_GAIN  # off read nothing (resident): no bytes to save
+    assert gain_from(1.5, None, 80.0) == NO_GAIN
+    c = cell(drive_cells([load_measured(matrix)]), "nvme", HALF)
+    gains = {r.configuration: r.gain_from for r in c.rows}
+    assert gains == {
+        "patched off": NO_GAIN,
+        "route": GAIN_BYTES,
+        "block + read": GAIN_FLIGHT,
+        "block + advise": NO_GAIN,
+        "route, guard 4": GAIN_FLIGHT,  # 1.125x at 0.9375x the bytes
+    }
+
+
+def test_labels_sizes_and_the_compute_of_another_readahead(capsys, tmp_path, matrix):
+    """native at two readaheads: two drives; the 8192 report has no resident rows, so its cells take
+    the compute of the native resident off at 128; the model is not here: the width tag labels it."""
+    native8192 = report(tmp_path / "n.json", matrix_rows(8192, ("native",), resident=False), drives=("native",))
+    cells = drive_cells([load_measured(matrix), load_measured(native8192)])
+    labels = list(dict.fromkeys(c.drive_label for c in cells))
+    assert labels == ["native @128", "native @8192", "nvme", "sata"]
+    c = cell(cells, "native @8192", HALF)
+    assert c.compute_s == pytest.approx(1 / 50.0) and c.compute_read_ahead_kb == 128
+    assert c.limit_label == "50 %" and c.label == "2.7 MiB, 50 %"
+    assert c.size.per_expert_bytes is None and cell(cells, "nvme", 0).limit_label == "resident"
+    rc, out, _ = run(capsys, matrix, native8192)
+    assert rc == EXIT_OK and "(resident patched off 50.00 tok/s at read_ahead_kb 128)" in out
+
+
+def test_expert_size_from_the_model_file(tmp_path):
+    """Where the report's model is here, its GGUF's expert tensors give the size (not the name)."""
+    model = Path(__file__).resolve().parent.parent / "models" / "qwen3moe-tiny.gguf"
+    if not model.is_file():
+        pytest.skip(f"{model} not here")
+    rep = report(tmp_path / "r.json", matrix_rows(drives=("nvme",)), drives=("nvme",), model=str(model))
+    c = drive_cells([load_measured(rep)])[0]
+    assert c.size.per_expert_bytes == 24576 and c.size.label == "24 KiB"
+
+
+def test_markdown_table(capsys, matrix):
+    rc, out, _ = run(capsys, matrix)
+    assert rc == EXIT_OK
+    blocks = out.split("### ")[1:]
+    assert [b.splitlines()[0] for b in blocks] == ["native @128", "nvme", "sata"]
+    lines = [line for line in blocks[1].splitlines() if line.startswith("|")]
+    head = [h.strip() for h in lines[0].strip("|").split("|")]
+    assert head[:3] == ["configuration", "2.7 MiB, resident: tok/s (min-max)", "2.7 MiB, resident: x off"]
+    assert head[6:9] == ["2.7 MiB, 50 %: tok/s (min-max)", "2.7 MiB, 50 %: x off", "2.7 MiB, 50 %: MiB read/token"]
+    body = {r[0]: r[1:] for r in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    assert body["route"][5:] == ["10.00 (9.00-12.00)", "1.250", "70.0", "1.17", "fewer bytes"]
+    assert body["block + read"][9] == "reads in flight (same bytes)"
+    floor = next(k for k in body if k.startswith("**floor**"))
+    assert body[floor][7] == "60.0"
+    limit = next(k for k in body if k.startswith("**physical limit**"))
+    assert body[limit][5:7] == ["50.00", "6.250"]
+    assert "2.7 MiB, 50 %: compute 20.0 ms (resident patched off 50.00 tok/s)" in blocks[1]
+
+
+def test_json_and_csv(capsys, matrix):
+    rc, out, _ = run(capsys, matrix, "--json")
+    assert rc == EXIT_OK
+    rows = json.loads(out)["rows"]
+    assert len(rows) == 3 * (2 + 5)
+    r = next(x for x in rows if x["drive"] == "sata" and x["limit"] == "50 %" and x["configuration"] == "route")
+    assert r["floor_mib_per_token"] == pytest.approx(60.0) and r["gain_from"] == GAIN_BYTES
+    assert r["physical_limit_tok_s"] == pytest.approx(5.6e8 / (60 * MIB)) and r["limit_fraction"] == 0.5
+    rc, out, _ = run(capsys, matrix, "--csv")
+    assert rc == EXIT_OK
+    table = list(csv.DictReader(io.StringIO(out)))
+    assert len(table) == len(rows) and table[0]["drive"] == "native @128"
+
+
+def test_bad_input_is_exit_2(capsys, tmp_path, matrix):
+    partial = tmp_path / "partial.json"
+    partial.write_text('{"rows": [')  # a report still being written
+    rc, _, err = run(capsys, partial)
+    assert rc == EXIT_USAGE and "not JSON" in err
+    cold = report(tmp_path / "cold.json", [row(0, OFF, "native", 128, 5.0, 1.0)], cold=True)
+    rc, _, err = run(capsys, cold)
+    assert rc == EXIT_USAGE and "not onebit-bench --memory-limit reports" in err
+    old = json.loads(matrix.read_text())
+    del old["drives"]
+    for r in old["rows"]:
+        r["config"]["drive"] = None
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    rc, _, err = run(capsys, tmp_path / "old.json")
+    assert rc == EXIT_USAGE and "record no drive" in err
+    rc, _, err = run(capsys, tmp_path / "missing.json")
+    assert rc == EXIT_USAGE
+    rc, _, err = run(capsys, matrix, "--png-dir", matrix)  # a file, not a directory
+    assert rc == EXIT_USAGE and "not a directory" in err
+
+
+def test_png_dir_without_matplotlib_is_exit_2(capsys, matrix, tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_matplotlib(name, *a, **k):
+        if name.split(".")[0] == "matplotlib":
+            raise ImportError(name)
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    rc, out, err = run(capsys, matrix, "--png-dir", tmp_path / "png")
+    assert rc == EXIT_USAGE and "--png-dir needs matplotlib" in err and out == ""
+
+
+def test_png_dir_writes_one_file_per_drive(capsys, matrix, tmp_path):
+    pytest.importorskip("matplotlib")
+    out_dir = tmp_path / "png"
+    rc, _, err = run(capsys, matrix, "--png-dir", out_dir)
+    assert rc == EXIT_OK, err
+    assert sorted(p.name for p in out_dir.iterdir()) == ["native-128.png", "nvme.png", "sata.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out_dir.iterdir())
+    assert png_name("native @8192") == "native-8192.png"
