@@ -81,6 +81,7 @@ from pathlib import Path
 import numpy as np
 
 from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, TRACE_CHUNK_RECORDS, TRACE_HEADER_SIZE
+from onebit_predict.llama.drive import cpu_model
 from onebit_predict.metrics.stats_kernel import StatsKernelError, load_kernel
 from onebit_predict.synth import expected_size, plan, synth_header, write_trace
 from onebit_predict.trace import TraceHeader
@@ -217,14 +218,7 @@ def _warm(path: Path) -> None:
 
 
 def machine() -> dict[str, object]:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model(platform.processor() or "?")
     mem = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

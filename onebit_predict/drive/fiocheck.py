@@ -123,14 +123,9 @@ def run_one(m: Mount, mode: str, bs: int, jobs: int, size: int, runtime_s: float
 
 
 def machine() -> str:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from ..llama.drive import cpu_model
+
+    cpu = cpu_model()
     fio = subprocess.run(["fio", "--version"], capture_output=True, text=True).stdout.strip()
     fuse = subprocess.run(["pkg-config", "--modversion", "fuse3"], capture_output=True, text=True).stdout.strip()
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())

@@ -81,3 +81,15 @@ def device_read_ahead_kb(path: str | Path) -> int | None:
         return block_device(path).read_ahead_kb
     except ReadAheadError:
         return None
+
+
+def cpu_model(default: str = "") -> str:
+    """This machine's CPU model as /proc/cpuinfo names it (``default`` where it does not): the line
+    every benchmark's machine description starts with."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return default
