@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from ..costmodel.drive_cells import Cell, by_drive, configurations, drive_cells, flat_rows
-from ..costmodel.measured import load_measured
+from ..costmodel.measured import load_memory_reports
 from .common import UsageError, fmt
 
 logger = logging.getLogger("onebit_predict")
@@ -144,10 +144,7 @@ def run(args: argparse.Namespace) -> int:
         if args.png_dir.exists() and not args.png_dir.is_dir():  # the argument first, the machine after
             raise UsageError(f"--png-dir {args.png_dir}: not a directory")
         require_matplotlib("--png-dir")
-    reports = [load_measured(p) for p in args.reports]
-    bad = [str(m.path) for m in reports if m.kind != "memory"]
-    if bad:
-        raise UsageError(f"not onebit-bench --memory-limit reports: {', '.join(bad)}")
+    reports = load_memory_reports(args.reports)
     cells = drive_cells(reports)
     rows = flat_rows(cells)
     if args.json:

@@ -21,9 +21,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..costmodel.measured import Measured, MeasuredRow, load_measured
+from ..costmodel.measured import Measured, MeasuredRow, load_memory_reports
 from ..costmodel.row_config import RowConfig
-from .common import UsageError, fmt
+from .common import fmt
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Decode tok/s against the memory limit, from onebit-bench --memory-limit --json reports: a table, a PNG."
@@ -153,10 +153,7 @@ def run(args: argparse.Namespace) -> int:
         from ..costmodel.plot import require_matplotlib
 
         require_matplotlib("--png")
-    reports = [load_measured(p) for p in args.reports]
-    bad = [str(m.path) for m in reports if m.kind != "memory"]
-    if bad:
-        raise UsageError(f"not onebit-bench --memory-limit reports: {', '.join(bad)}")
+    reports = load_memory_reports(args.reports)
     rows = table_rows(reports)
     if args.json:
         print(json.dumps({"reports": [str(p) for p in args.reports], "rows": [t.values() for t in rows]}, indent=2))

@@ -60,7 +60,17 @@ from .row_config import OFF, RowConfig, from_name
 logger = logging.getLogger("onebit_predict")
 WARM = "patched off, warm"
 RESIDENT = 0  # a memory report's limit_bytes for its resident runs (no cgroup, the file read in first)
-__all__ = ["OFF", "RESIDENT", "WARM", "EmulatedDrive", "Measured", "MeasuredRow", "from_bench", "load_measured"]
+__all__ = [
+    "OFF",
+    "RESIDENT",
+    "WARM",
+    "EmulatedDrive",
+    "Measured",
+    "MeasuredRow",
+    "from_bench",
+    "load_measured",
+    "load_memory_reports",
+]
 
 
 @dataclass(frozen=True)
@@ -285,3 +295,13 @@ def from_bench(path: Path, mode: str, n_layer: int) -> tuple[float, float | None
     if mode in rows and float(rows[mode].get("ratio_to_off", 0)) > 0:
         cost = max(0.0, (1.0 / float(rows[mode]["ratio_to_off"]) - 1.0) * 100.0)
     return 1000.0 / off / n_layer, cost
+
+
+def load_memory_reports(paths: list[Path]) -> list[Measured]:
+    """``onebit-bench --memory-limit`` reports, each read by :func:`load_measured`; ValueError (exit 2)
+    naming every file that is another kind of report (``--cold``)."""
+    reports = [load_measured(p) for p in paths]
+    bad = [str(m.path) for m in reports if m.kind != "memory"]
+    if bad:
+        raise ValueError(f"not onebit-bench --memory-limit reports: {', '.join(bad)}")
+    return reports
