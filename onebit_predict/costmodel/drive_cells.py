@@ -181,12 +181,12 @@ def expert_size(report: Measured) -> ExpertSize:
 
 def configuration(row: MeasuredRow) -> str:
     """A row's configuration without the drive and the readahead (the cell says those)."""
-    if row.config is None:
-        return row.name
-    return dataclasses.replace(row.config, drive=None, read_ahead_kb=None).name
+    bare = _bare(row)
+    return row.name if bare is None else bare.name
 
 
 def _bare(row: MeasuredRow) -> RowConfig | None:
+    """The row's configuration without its drive and readahead (None: a name that is no configuration)."""
     return None if row.config is None else dataclasses.replace(row.config, drive=None, read_ahead_kb=None)
 
 
