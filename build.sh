@@ -33,7 +33,7 @@ TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict test-amx-mul-
 # llama.cpp's own tools, from the patched tree (./build.sh path prints the PATH line); the server's
 # web UI is left out (no download at build time: the server answers its API, /metrics and /props);
 # ggml-rpc-server (GGML_RPC above) serves layers to another machine's tools (--rpc HOST:PORT)
-TOOL_TARGETS=(llama-cli llama-completion llama-server llama-bench llama-quantize ggml-rpc-server)
+TOOL_TARGETS=(llama-cli llama-completion llama-server llama-bench llama-quantize llama-imatrix llama-perplexity ggml-rpc-server)
 # the ctest of the series' upstream ggml fix carries upstream's label, not ours
 CTEST_UPSTREAM_FIX=test-amx-mul-mat-batched
 

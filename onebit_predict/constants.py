@@ -40,6 +40,8 @@ ENV_PREFETCH_GUARD = "ONEBIT_MOE_PREFETCH_GUARD"  # tokens per probe of the guar
 ENV_PREFETCH_ROOM = "ONEBIT_MOE_PREFETCH_ROOM"  # issue only while the page cache holds R x one token's weights
 ENV_PREFETCH_ROUTE = "ONEBIT_MOE_PREFETCH_ROUTE"  # also read each layer's routed experts as soon as its router ran
 ENV_PREFETCH_RANDOM = "ONEBIT_MOE_PREFETCH_RANDOM"  # readahead off on the expert tensors (MADV_RANDOM)
+# the MoE compensator's GGUF sidecar (docs/int2.md): changes the output, so never set by a bit-identity check
+ENV_COMPENSATOR = "ONEBIT_MOE_COMPENSATOR"
 # a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
 ENV_PREFETCH_DEBUG_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
 # a benchmark control: the consumer reads the routing a trace of the same tokens recorded (the oracle)
@@ -69,6 +71,7 @@ ENV_ALL = (
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_RANDOM,
+    ENV_COMPENSATOR,
 )
 
 PREFETCH_OFF = 0

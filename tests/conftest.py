@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 # fixtures that need the patched build (tiny_model, patched_llama) or only its source tree
 # (c_policy: ONEBIT_LLAMA_TREE is enough)
-BUILD_FIXTURES = {"tiny_model", "patched_llama"}
+BUILD_FIXTURES = {"tiny_model", "patched_llama", "pristine_dir"}
 TREE_FIXTURES = {"c_policy"}
 
 
@@ -49,6 +49,33 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         "or deselect it with -m 'not needs_build'",
         pytrace=False,
     )
+
+
+# --- the unpatched pin's libllama (tests/test_bench_pristine.py, tests/test_compensator_graph.py) ---
+
+PRISTINE_BUILD_TIMEOUT_S = 1800  # a cold compile of libllama on 2 cores takes about 75 s; the first fetch more
+
+
+@pytest.fixture(scope="session")
+def pristine_dir() -> Path:
+    """The unpatched pin's libllama dir: the one recorded, else ``./build.sh pristine`` first."""
+    import subprocess
+
+    from onebit_predict.llama.paths import pristine_lib_dir
+
+    lib_dir = pristine_lib_dir()
+    if lib_dir is None:
+        p = subprocess.run(
+            [str(REPO / "build.sh"), "pristine"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=PRISTINE_BUILD_TIMEOUT_S,
+        )
+        assert p.returncode == 0, f"./build.sh pristine failed ({p.returncode}):\n{p.stderr[-2000:]}"
+        lib_dir = pristine_lib_dir()
+    assert lib_dir is not None, "./build.sh pristine recorded no PRISTINE_LIB_DIR in build/current.env"
+    return lib_dir
 
 
 # --- the C++ environment policy through cffi (tests/test_policy_parity.py) ----------------

@@ -446,3 +446,19 @@ def test_every_configuration_runs_in_a_cgroup(tmp_path, capsys):
         assert (row["env"].get("ONEBIT_MOE_PREFETCH_ROOM") == "0") == (
             row["name"].endswith("room 0") or row["name"] == "oracle + advise"
         )
+
+
+def test_a_compensator_goes_to_every_row(capsys, tmp_path):
+    """--compensator FILE: a missing file or no --memory-limit is exit 2 before any work; given, every
+    row (the predictor off included) runs with ONEBIT_MOE_COMPENSATOR set to it."""
+    missing = tmp_path / "missing.gguf"
+    assert bench_main([str(MODEL), "--memory-limit", "64MiB", "--compensator", str(missing)]) == EXIT_USAGE
+    assert "no such file" in capsys.readouterr().err
+    sidecar = tmp_path / "comp.gguf"
+    sidecar.write_bytes(b"GGUF")
+    assert bench_main([str(MODEL), "--compensator", str(sidecar)]) == EXIT_USAGE
+    assert "give --memory-limit too" in capsys.readouterr().err
+    plans = memory_configs(tmp_path, 4, rows=("route",), compensator=sidecar)
+    assert [p.name for p in plans] == ["patched off", "route"]
+    assert all(p.env["ONEBIT_MOE_COMPENSATOR"] == str(sidecar) for p in plans)
+    assert all("ONEBIT_MOE_COMPENSATOR" not in p.env for p in memory_configs(tmp_path, 4, rows=("route",)))

@@ -12,7 +12,6 @@ never judged.
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,26 +19,10 @@ import pytest
 from onebit_predict.checks import rounds
 from onebit_predict.commands.bench import main as bench_main
 from onebit_predict.constants import ENV_MODE, EXIT_OK
-from onebit_predict.llama.paths import pristine_lib_dir
 from onebit_predict.llama.runner import RunError, refuse_knobs
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "qwen3moe-tiny.gguf"
-BUILD_TIMEOUT_S = 1800  # a cold compile of libllama on 2 cores takes about 75 s; the first fetch more
-
-
-@pytest.fixture(scope="module")
-def pristine_dir() -> Path:
-    """The unpatched pin's libllama dir: the one recorded, else ``./build.sh pristine`` first."""
-    lib_dir = pristine_lib_dir()
-    if lib_dir is None:
-        p = subprocess.run(
-            [str(REPO / "build.sh"), "pristine"], cwd=REPO, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
-        )
-        assert p.returncode == 0, f"./build.sh pristine failed ({p.returncode}):\n{p.stderr[-2000:]}"
-        lib_dir = pristine_lib_dir()
-    assert lib_dir is not None, "./build.sh pristine recorded no PRISTINE_LIB_DIR in build/current.env"
-    return lib_dir
 
 
 @pytest.mark.needs_build

@@ -27,6 +27,7 @@ committed models (models/README.md has their curves, checks and sha256):
     python tools/train_tiny.py --arch qwen4exp --out models/qwen4exp-tiny.gguf --seed 1 --steps 200 \
         --batch 8 --eval-every 25
     python tools/train_tiny.py --arch olmoe --out models/olmoe-tiny.gguf --seed 1 --steps 600
+    python tools/train_tiny.py --arch qwen3moe256 --out models/qwen3moe-h256.gguf --seed 1 --steps 800
     python tools/train_tiny.py --check models/qwen3moe-tiny.gguf    # NMSE vs models/qwen3moe-tiny-hf/
 
 Training writes ``NAME.gguf``, the float16 transformers checkpoint ``NAME-hf/``, the record
@@ -48,41 +49,17 @@ import math
 import os
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
+# the corpus and its split live in the package (onebit_predict/corpus.py), shared with the 2-bit study
+from onebit_predict.corpus import EOD, VOCAB, corpus_files, is_validation  # noqa: E402,F401 (after the path)
 from onebit_predict.grow.verify import HELDOUT_SEQ_LEN  # noqa: E402 (after the path)
 
-EOD = 256  # end-of-file token between corpus files
-VOCAB = 257  # 256 byte values + EOD
-VAL_MODULUS = 20  # a file is in validation when sha1(relpath) % 20 == 0 (about 5 %)
-# top-level stdlib directories left out: third-party packages, the test suite (mostly
-# generated data and very repetitive), and a few directories of GUI/demo code
-EXCLUDED_TOP = ("site-packages", "dist-packages", "test", "idlelib", "lib2to3", "turtledemo", "tkinter")
-
-
 # --- corpus ------------------------------------------------------------------------------
-
-
-def corpus_files(root: Path | None = None) -> list[tuple[str, Path]]:
-    """(relative path, path) of every stdlib ``*.py`` in the corpus, sorted by relative path."""
-    root = root or Path(sysconfig.get_paths()["stdlib"])
-    out = []
-    for path in root.rglob("*.py"):
-        rel = path.relative_to(root)
-        if rel.parts[0] in EXCLUDED_TOP or "__pycache__" in rel.parts:
-            continue
-        out.append((rel.as_posix(), path))
-    out.sort()
-    return out
-
-
-def is_validation(rel: str) -> bool:
-    return int(hashlib.sha1(rel.encode()).hexdigest(), 16) % VAL_MODULUS == 0
 
 
 def load_corpus() -> dict:
@@ -170,6 +147,33 @@ def config_qwen3moe(ctx: int):
     )
 
 
+def config_qwen3moe256(ctx: int):
+    """The 2-bit study's model (docs/int2.md): 4 layers, all MoE; 8 experts, 2 used per token.
+
+    Hidden 256 and expert FFN 256 because llama.cpp's 2-bit types (Q2_K, IQ2_*) quantize rows
+    in blocks of 256: every expert matrix's rows (256 wide both ways) are one block. Kept as
+    small as that allows: 4 layers, 4 heads of 64 (2 key/value heads), dense FFN unused.
+    """
+    import transformers as tf
+
+    return tf.Qwen3MoeConfig(
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        moe_intermediate_size=256,
+        num_experts=8,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        **_common(ctx),
+    )
+
+
 def config_olmoe(ctx: int):
     """OLMoE-1B-7B's shape, scaled down: 64 experts, 8 used per token, every layer MoE.
 
@@ -246,7 +250,12 @@ def config_qwen4exp(ctx: int):
     )
 
 
-CONFIGS = {"qwen3moe": config_qwen3moe, "olmoe": config_olmoe, "qwen4exp": config_qwen4exp}
+CONFIGS = {
+    "qwen3moe": config_qwen3moe,
+    "qwen3moe256": config_qwen3moe256,
+    "olmoe": config_olmoe,
+    "qwen4exp": config_qwen4exp,
+}
 
 
 def build_config(arch: str, ctx: int):
@@ -285,7 +294,12 @@ def dense_qsa_fast_path(model) -> int:
     return patched
 
 
-ARCH_CLASS = {"qwen3moe": "Qwen3MoeForCausalLM", "olmoe": "OlmoeForCausalLM", "qwen4exp": "Qwen4ExpForCausalLM"}
+ARCH_CLASS = {
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "qwen3moe256": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+    "qwen4exp": "Qwen4ExpForCausalLM",
+}
 
 
 def build_model(arch: str, ctx: int):

@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import ENV_LEARNED, ENV_OUT, ENV_PREFETCH_DEBUG_ORACLE
+from ..constants import ENV_COMPENSATOR, ENV_LEARNED, ENV_OUT, ENV_PREFETCH_DEBUG_ORACLE
 from ..costmodel.row_config import DRIVES, NATIVE, RowConfig, from_name
 from ..trace import Trace
 from .bench_cold import RowPlan, pct, trace_figures
@@ -144,10 +144,12 @@ def memory_configs(
     drives: Sequence[str] | None = None,
     rows: Sequence[str] | None = None,
     learned: Path | None = None,
+    compensator: Path | None = None,
 ) -> list[RowPlan]:
     """The configurations of ``rows`` (:func:`chosen_rows`), each as the worker runs it: its environment
     (the oracle's with the routing recorded before the rounds, a learned row's with the sidecar
-    ``learned``: ValueError without one) and its trace in ``trace_dir``; with
+    ``learned``: ValueError without one; every row with the compensator sidecar ``compensator`` when
+    given) and its trace in ``trace_dir``; with
     ``read_ahead_kb``, each configuration once at each value, side by side (the drive set to it before
     each of its runs); with ``drives``, each of those once on each drive, side by side."""
     out = []
@@ -160,6 +162,8 @@ def memory_configs(
                     if learned is None:
                         raise ValueError(f"'{row.name}' needs the learned predictor's sidecar: give --learned FILE")
                     env[ENV_LEARNED] = str(learned)
+                if compensator is not None:
+                    env[ENV_COMPENSATOR] = str(compensator)
                 trace = trace_dir / f"{re.sub(r'[^a-z0-9.]+', '-', row.name).strip('-')}.bin"  # one per name
                 run = Config(row.name, {**env, ENV_OUT: str(trace)}, read_ahead_kb=kb, drive=drive)
                 out.append(RowPlan(row, run))
@@ -432,6 +436,7 @@ def run_memory(
     read_ahead_kb: Sequence[int] | None = None,
     row_names: Sequence[str] | None = None,
     learned: Path | None = None,
+    compensator: Path | None = None,
 ) -> tuple[list[MemoryRow], dict[str, Any], str]:
     """``onebit-bench --memory-limit``'s run: the cgroup proven makeable (CgroupError, exit 2), the native
     drive measured, its read_ahead_kb set per run through ``setting`` (llama/read_ahead.py
@@ -454,13 +459,16 @@ def run_memory(
         setting.applied() as read_ahead,
         drives_mounted(model, drive_names, read_ahead_kb, read_ahead) as drives,  # before any worker's cgroup
     ):
-        plans = memory_configs(Path(tmp), n_expert, read_ahead_kb, drive_names, row_names, learned)
+        plans = memory_configs(Path(tmp), n_expert, read_ahead_kb, drive_names, row_names, learned, compensator)
         run_opts = replace(opts, read_ahead=read_ahead, drives=drives)
         rows = measure_memory(model, plans, lib, run_opts, limits, drive.bandwidth_mb_s)
     extra = {"memory_limits": list(limits), **setting.report(asdict(drive))}
     extra |= {"read_ahead_kb": None if not read_ahead_kb else list(read_ahead_kb)}
     extra["drives"] = drives_report(drives, model)
+    extra["compensator"] = None if compensator is None else str(compensator)
     words = f"{setting.text()}, {drive.bandwidth_mb_s:.0f} MB/s sequential{drives_text(drives)}"
+    if compensator is not None:
+        words += f", every row with the compensator {compensator.name}"
     return rows, extra, words
 
 

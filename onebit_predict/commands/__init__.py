@@ -19,5 +19,7 @@ No module outside this package imports argparse.
 - ``tiny``: ``onebit-tiny``: a tiny random MoE model for checks;
 - ``grow``: ``onebit-grow``: grown models, widened, quantized, verified;
 - ``learned``: ``onebit-learned``: which model a learned-predictor sidecar names;
+- ``int2``: ``onebit-int2``: 2-bit expert variants of a model and their quality against F16;
+- ``compensator``: ``onebit-compensator``: fit and show the 2-bit experts' compensator sidecar;
 - ``vocab``: ``python -m onebit_predict.commands.vocab``: give a byte-level GGUF its vocabulary.
 """

@@ -94,6 +94,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--learned", type=Path, metavar="FILE", help="--memory-limit: the sidecar of the rows' learned predictor"
     )
+    p.add_argument("--compensator", type=Path, metavar="FILE", help="--memory-limit: every row with this compensator")
     return p
 
 
@@ -103,8 +104,10 @@ def _options(args: argparse.Namespace) -> BenchOptions:
     if args.cold and args.memory_limit:
         raise UsageError("--cold and --memory-limit are two settings: give one")
     require_learned(args.rows, args.learned)
+    if args.compensator:
+        require_file(args.compensator, "--compensator ")
     for flag, given in (("--read-ahead-kb", args.read_ahead_kb), ("--drive", args.drive), ("--rows", args.rows),
-                        ("--learned", args.learned)):  # fmt: skip
+                        ("--learned", args.learned), ("--compensator", args.compensator)):  # fmt: skip
         if given and not args.memory_limit:
             raise UsageError(f"{flag} is a dimension of --memory-limit runs: give --memory-limit too")
     if args.memory_limit and args.rounds % 2 == 0:
@@ -227,9 +230,8 @@ def _memory(
 ) -> int:
     from ..checks.bench_memory import markdown_memory, run_memory
 
-    rows, extra, words = run_memory(
-        args.model, opts, lib, limits, setting, args.drive, args.read_ahead_kb, args.rows, args.learned
-    )
+    dims = (args.drive, args.read_ahead_kb, args.rows, args.learned, args.compensator)
+    rows, extra, words = run_memory(args.model, opts, lib, limits, setting, *dims)
     if args.json:
         print(json.dumps(_run_json(args.model, opts, rows) | {"expert_bytes": expert_bytes} | extra, indent=2))
         return EXIT_OK

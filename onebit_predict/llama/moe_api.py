@@ -16,6 +16,7 @@ from typing import Any
 
 from ..constants import (
     ENV_AHEAD,
+    ENV_COMPENSATOR,
     ENV_DEBUG_LEAK,
     ENV_DEBUG_SELF,
     ENV_DEPTH,
@@ -61,6 +62,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("prefetch_room", ENV_PREFETCH_ROOM),
     ("prefetch_route", ENV_PREFETCH_ROUTE),
     ("prefetch_random", ENV_PREFETCH_RANDOM),
+    ("compensator", ENV_COMPENSATOR),
 )
 
 

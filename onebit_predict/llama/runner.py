@@ -163,9 +163,17 @@ def refuse_knobs(env: Mapping[str, str | None]) -> None:
 class Context:
     """A llama.cpp context; :meth:`decode` returns the logits of the rows asked for, as bytes."""
 
-    def __init__(self, model: Model, settings: ContextSettings, env: Mapping[str, str | None]) -> None:
+    def __init__(
+        self, model: Model, settings: ContextSettings, env: Mapping[str, str | None], cb_eval: Any = None
+    ) -> None:
+        """``cb_eval``: a ``llama_cpp.ggml_backend_sched_eval_callback`` for the scheduler (int2/capture.py),
+        kept referenced for the context's life; None: none."""
         lib = llama()
         params = lib.llama_context_default_params()
+        if cb_eval is not None:
+            params.cb_eval = cb_eval
+            params.cb_eval_user_data = None
+        self._cb_eval = cb_eval  # llama.cpp calls it while the context lives
         params.n_ctx = settings.n_ctx
         params.n_batch = settings.n_batch
         params.n_ubatch = settings.n_ubatch

@@ -1,0 +1,20 @@
+"""2-bit routed experts: what llama.cpp's own low-bit types do to a trained MoE, and a compensator (issue 24).
+
+- variants.py: the variants of a model (``f16``, ``q8_0``, ``q4_k_m``, ``q2_k``, ``iq2_xxs``,
+  ``iq2_xs``, ``iq2_s``, ``tq2_0``) made with ``llama-quantize`` on the routed expert tensors
+  only, every other tensor byte-identical to the source; the importance matrix and the
+  corpus texts (training text for the imatrix, held-out text for the figures); all cached
+  under ``$ONEBIT_CACHE/int2``;
+- quality.py: each variant against the F16 model on held-out text with ``llama-perplexity``
+  (mean and 99th-percentile KL divergence, top-1 agreement, PPL), optionally with a
+  compensator (``ONEBIT_MOE_COMPENSATOR``);
+- agreement.py: the routing of each variant against F16's, layer by layer, and the first
+  token where greedy generation departs from F16's;
+- compensator.py: the compensator's GGUF sidecar, the model it names, and its least-squares fit;
+- capture.py: per-layer activations captured from llama.cpp runs, the fit's data;
+- moe_numpy.py: a MoE block in numpy from a GGUF's tensors, the reference the fit aims at;
+- plot.py: mean KL divergence over expert bytes per token, from a quality report.
+
+``onebit-int2`` (commands/int2.py) makes, measures and plots the variants; ``onebit-compensator``
+(commands/compensator.py) fits and shows compensators.
+"""
