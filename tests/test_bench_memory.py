@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from onebit_predict.checks import bench_memory, rounds
+from onebit_predict.checks.bench import configs
 from onebit_predict.checks.bench_memory import (
     ORACLE,
     RESIDENT,
@@ -449,15 +450,19 @@ def test_every_configuration_runs_in_a_cgroup(tmp_path, capsys):
 
 
 def test_a_compensator_goes_to_every_row(capsys, tmp_path):
-    """--compensator FILE: a missing file or no --memory-limit is exit 2 before any work; given, every
-    row (the predictor off included) runs with ONEBIT_MOE_COMPENSATOR set to it."""
+    """--compensator FILE: a missing file, or --cold, is exit 2 before any work; with --memory-limit every
+    row (the predictor off included) runs with ONEBIT_MOE_COMPENSATOR set to it; warm, it is one more row."""
     missing = tmp_path / "missing.gguf"
     assert bench_main([str(MODEL), "--memory-limit", "64MiB", "--compensator", str(missing)]) == EXIT_USAGE
     assert "no such file" in capsys.readouterr().err
     sidecar = tmp_path / "comp.gguf"
     sidecar.write_bytes(b"GGUF")
-    assert bench_main([str(MODEL), "--compensator", str(sidecar)]) == EXIT_USAGE
-    assert "give --memory-limit too" in capsys.readouterr().err
+    assert bench_main([str(MODEL), "--cold", "--compensator", str(sidecar)]) == EXIT_USAGE
+    assert "not of --cold" in capsys.readouterr().err
+    warm = configs(tmp_path, "1-2", sidecar)
+    assert [c.name for c in warm][-1] == "compensator" and warm[-1].env == {"ONEBIT_MOE_COMPENSATOR": str(sidecar)}
+    assert all("ONEBIT_MOE_COMPENSATOR" not in c.env for c in warm[:-1])
+    assert "compensator" not in [c.name for c in configs(tmp_path, "1-2")]
     plans = memory_configs(tmp_path, 4, rows=("route",), compensator=sidecar)
     assert [p.name for p in plans] == ["patched off", "route"]
     assert all(p.env["ONEBIT_MOE_COMPENSATOR"] == str(sidecar) for p in plans)

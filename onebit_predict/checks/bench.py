@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..constants import ENV_LAYERS, ENV_MODE, ENV_NO_ATTN, ENV_OUT
+from ..constants import ENV_COMPENSATOR, ENV_LAYERS, ENV_MODE, ENV_NO_ATTN, ENV_OUT
 from ..policy import parse_layers
 from .rounds import BenchOptions, Config, collect
 
@@ -43,7 +43,18 @@ class Row:
     cost_pct_per_layer: float | None  # decode time above patched off, % of its time, per predicted layer
 
 
-def configs(trace_dir: Path, layers_subset: str) -> list[Config]:
+def require_compensator(compensator: Path | None, cold: bool) -> None:
+    """``--compensator FILE``: an existing file, and not with --cold (ValueError, exit 2, otherwise)."""
+    if compensator is not None and not compensator.is_file():
+        raise ValueError(f"--compensator {compensator}: no such file")
+    if compensator is not None and cold:
+        raise ValueError("--compensator is a row of the warm run and a dimension of --memory-limit, not of --cold")
+
+
+def configs(trace_dir: Path, layers_subset: str, compensator: Path | None = None) -> list[Config]:
+    """The warm run's rows; with a compensator sidecar, one more: the predictor off, the sidecar on
+    (what the compensator itself costs, beside patched off)."""
+    extra = [Config("compensator", {ENV_COMPENSATOR: str(compensator)})] if compensator is not None else []
     return [
         Config("unpatched pin", {}, pristine=True),
         Config("patched off", {}),
@@ -52,6 +63,7 @@ def configs(trace_dir: Path, layers_subset: str) -> list[Config]:
         Config("block", {ENV_MODE: "block"}),
         Config("block no-attn", {ENV_MODE: "block", ENV_NO_ATTN: "1"}),
         Config(f"block layers {layers_subset}", {ENV_MODE: "block", ENV_LAYERS: layers_subset}),
+        *extra,
     ]
 
 

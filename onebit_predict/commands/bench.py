@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from ..checks.bench import configs, markdown, measure
+from ..checks.bench import configs, markdown, measure, require_compensator
 from ..checks.bench_cold import cold_configs, detect_eviction, markdown_cold, measure_cold
 from ..checks.bench_memory import drive_value, require_drives, require_learned, rows_value
 from ..checks.rounds import BenchOptions
@@ -45,6 +45,7 @@ logger = logging.getLogger("onebit_predict")
 PROG = "onebit-bench"
 READ_AHEAD = "--memory-limit: run every configuration at each read_ahead_kb (128,8192) of the model's drive (root)"
 DRIVE = "--memory-limit: run every configuration on each drive: native (the model where it is), nvme, sata (emulated)"
+COMPENSATOR = "a compensator sidecar: warm, one more row with it; --memory-limit: every row with it"
 ROWS = "--memory-limit: the configurations, a set (default, drives) or names separated by ';' (default: default)"
 
 
@@ -94,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--learned", type=Path, metavar="FILE", help="--memory-limit: the sidecar of the rows' learned predictor"
     )
-    p.add_argument("--compensator", type=Path, metavar="FILE", help="--memory-limit: every row with this compensator")
+    p.add_argument("--compensator", type=Path, metavar="FILE", help=COMPENSATOR)
     return p
 
 
@@ -104,10 +105,9 @@ def _options(args: argparse.Namespace) -> BenchOptions:
     if args.cold and args.memory_limit:
         raise UsageError("--cold and --memory-limit are two settings: give one")
     require_learned(args.rows, args.learned)
-    if args.compensator:
-        require_file(args.compensator, "--compensator ")
+    require_compensator(args.compensator, args.cold)
     for flag, given in (("--read-ahead-kb", args.read_ahead_kb), ("--drive", args.drive), ("--rows", args.rows),
-                        ("--learned", args.learned), ("--compensator", args.compensator)):  # fmt: skip
+                        ("--learned", args.learned)):  # fmt: skip
         if given and not args.memory_limit:
             raise UsageError(f"{flag} is a dimension of --memory-limit runs: give --memory-limit too")
     if args.memory_limit and args.rounds % 2 == 0:
@@ -272,7 +272,7 @@ def _run(args: argparse.Namespace) -> int:
         return _memory(args, opts, info.lib_dir, *memory)
     pristine = pristine_lib_dir()
     with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
-        cfgs = configs(Path(tmp), args.layers)
+        cfgs = configs(Path(tmp), args.layers, args.compensator)
         if pristine is None:
             logger.info("no unpatched build (run ./build.sh pristine); its row is left out")
             cfgs = [c for c in cfgs if not c.pristine]
