@@ -76,8 +76,9 @@ usage: ./build.sh [SUBCOMMAND] [OPTIONS]
   export [--from DIR] regenerate patches/ from a work tree (default: the pinned work tree)
   pristine            build the unpatched pin too (for side-by-side benchmarks)
   path                build if needed, then print the line that puts the patched llama-cli,
-                      llama-completion, llama-server, llama-bench, llama-quantize and
-                      ggml-rpc-server on PATH (eval "$(./build.sh path)")
+                      llama-completion, llama-server, llama-bench, llama-quantize,
+                      llama-imatrix, llama-perplexity and ggml-rpc-server on PATH
+                      (eval "$(./build.sh path)")
   help                this text
 
 environment: ONEBIT_CACHE (cache root, default ~/.cache/onebit-predict), ONEBIT_JOBS (build jobs),
