@@ -55,8 +55,19 @@ from pathlib import Path
 
 import numpy as np
 
+from .sidecar import (
+    KEY_ARCH,
+    U32_MAX,
+    U64_MAX,
+    check_f32_array,
+    field_value,
+    is_uint,
+    open_sidecar,
+    unknown_keys,
+    write_sidecar,
+)
+
 ARCH = "onebit_learned"
-KEY_ARCH = "general.architecture"
 KEY_AHEAD = f"{ARCH}.ahead"
 KEY_N_EMBD = f"{ARCH}.n_embd"
 KEY_N_EXPERT = f"{ARCH}.n_expert"
@@ -75,8 +86,6 @@ _TENSOR_RE = re.compile(r"learned\.(0|[1-9][0-9]*)\.(weight|bias)")
 
 MIN_AHEAD, MAX_AHEAD = 1, 3  # as ONEBIT_MOE_PREDICT_AHEAD
 TRAINED_ON = ("generation", "chunks")
-U32_MAX = 2**32 - 1
-U64_MAX = 2**64 - 1
 FNV64_OFFSET = 0xCBF29CE484222325
 FNV64_PRIME = 0x100000001B3
 _ROUTER_RE = re.compile(r"blk\.(0|[1-9][0-9]*)\.ffn_gate_inp\.weight")
@@ -138,7 +147,7 @@ class LearnedPredictor:
 
 def _check_header(where: str, ahead, n_embd, n_expert, model_name, trained_on, tokens) -> None:
     for key, v in ((KEY_AHEAD, ahead), (KEY_N_EMBD, n_embd), (KEY_N_EXPERT, n_expert), (KEY_TOKENS, tokens)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= int(v) <= U32_MAX:
+        if not is_uint(v, U32_MAX):
             raise LearnedError(f"{where}: {key} = {v!r} is not a u32")
     if not MIN_AHEAD <= int(ahead) <= MAX_AHEAD:
         raise LearnedError(f"{where}: {KEY_AHEAD} = {ahead} is out of range {MIN_AHEAD}..{MAX_AHEAD}")
@@ -155,67 +164,35 @@ def _check_header(where: str, ahead, n_embd, n_expert, model_name, trained_on, t
 def _check_identity(where: str, model_arch, router_hash) -> None:
     if not isinstance(model_arch, str) or not model_arch:
         raise LearnedError(f"{where}: {KEY_MODEL_ARCH} is empty or not a string (the model's general.architecture)")
-    h = router_hash
-    if isinstance(h, bool) or not isinstance(h, (int, np.integer)) or not 0 <= int(h) <= U64_MAX:
-        raise LearnedError(f"{where}: {KEY_ROUTER_HASH} = {h!r} is not a u64")
+    if not is_uint(router_hash, U64_MAX):
+        raise LearnedError(f"{where}: {KEY_ROUTER_HASH} = {router_hash!r} is not a u64")
 
 
 def _check_array(where: str, name: str, arr, shape: tuple[int, ...]) -> None:
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
-        raise LearnedError(f"{where}: tensor {name} is not float32 ({getattr(arr, 'dtype', type(arr).__name__)})")
-    if tuple(arr.shape) != shape:
-        raise LearnedError(f"{where}: tensor {name} has numpy shape {tuple(arr.shape)}, expected {shape}")
-    if not np.all(np.isfinite(arr)):
-        raise LearnedError(f"{where}: tensor {name} holds a value that is not finite")
+    check_f32_array(where, name, arr, shape, LearnedError)
 
 
 # --- the file -------------------------------------------------------------------------------
 
 
 def write_learned(path: str | Path, pred: LearnedPredictor) -> None:
-    """Write ``pred`` as a sidecar GGUF at ``path`` (validated first: :class:`LearnedError`)."""
-    import gguf
-
-    from .atomic import atomic_path
-    from .grow.gguf_keys import check_gguf_whole
-
+    """Write ``pred`` as a sidecar GGUF at ``path`` (validated first: :class:`LearnedError`), whole or
+    not at all (sidecar.write_sidecar)."""
     path = Path(path)
     pred.validate(str(path))
-    # whole or absent (atomic.py): a full disk is an OSError, never half a sidecar at path
-    with atomic_path(path) as tmp:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        try:
-            w.add_uint32(KEY_AHEAD, int(pred.ahead))
-            w.add_uint32(KEY_N_EMBD, int(pred.n_embd))
-            w.add_uint32(KEY_N_EXPERT, int(pred.n_expert))
-            w.add_string(KEY_MODEL_NAME, pred.model_name)
-            w.add_string(KEY_TRAINED_ON, pred.trained_on)
-            w.add_uint32(KEY_TOKENS, int(pred.tokens))
-            w.add_string(KEY_MODEL_ARCH, pred.model_arch)
-            w.add_uint64(KEY_ROUTER_HASH, int(pred.router_hash))
-            for li in sorted(pred.layers):
-                ly = pred.layers[li]
-                w.add_tensor(WEIGHT_NAME.format(layer=li), np.ascontiguousarray(ly.weight, dtype=np.float32))
-                w.add_tensor(BIAS_NAME.format(layer=li), np.ascontiguousarray(ly.bias, dtype=np.float32))
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-        finally:
-            w.close()
-        check_gguf_whole(tmp, OSError, path)
+    keys = [("u32", KEY_AHEAD, pred.ahead), ("u32", KEY_N_EMBD, pred.n_embd), ("u32", KEY_N_EXPERT, pred.n_expert)]
+    keys += [("string", KEY_MODEL_NAME, pred.model_name), ("string", KEY_TRAINED_ON, pred.trained_on)]
+    keys += [("u32", KEY_TOKENS, pred.tokens), ("string", KEY_MODEL_ARCH, pred.model_arch)]
+    keys += [("u64", KEY_ROUTER_HASH, pred.router_hash)]
+    tensors = []
+    for li in sorted(pred.layers):
+        ly = pred.layers[li]
+        tensors += [(WEIGHT_NAME.format(layer=li), ly.weight), (BIAS_NAME.format(layer=li), ly.bias)]
+    write_sidecar(path, ARCH, keys, tensors)
 
 
 def _field_value(path: Path, fields, key: str, kind: str):
-    import gguf
-
-    f = fields.get(key)
-    if f is None:
-        raise LearnedError(f"{path}: key {key} is missing")
-    want = {"u32": gguf.GGUFValueType.UINT32, "u64": gguf.GGUFValueType.UINT64}.get(kind, gguf.GGUFValueType.STRING)
-    if len(f.types) != 1 or f.types[0] != want:
-        got = "/".join(t.name for t in f.types) or "?"
-        raise LearnedError(f"{path}: key {key} is {got}, expected {want.name}")
-    return str(f.contents()) if kind == "string" else int(f.contents())
+    return field_value(path, fields, key, kind, LearnedError)
 
 
 def _read_identity(path: Path, fields, need_identity: bool) -> tuple[str, int]:
@@ -245,18 +222,9 @@ def _read(path: Path, need_identity: bool) -> LearnedPredictor:
     model reads with ``model_arch`` "" and ``router_hash`` -1 (and so cannot be written as it is)."""
     import gguf
 
-    try:
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError, KeyError, IndexError, EOFError) as e:
-        raise LearnedError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+    reader = open_sidecar(path, ARCH, LearnedError)
     fields = reader.fields
-    arch = fields.get(KEY_ARCH)
-    if arch is None:
-        raise LearnedError(f"{path}: key {KEY_ARCH} is missing")
-    if arch.contents() != ARCH:
-        raise LearnedError(f"{path}: {KEY_ARCH} is {arch.contents()!r}, expected {ARCH!r}")
-    known = U32_KEYS + STRING_KEYS + IDENTITY_KEYS
-    unknown = sorted(k for k in fields if k.startswith(ARCH + ".") and k not in known)
+    unknown = unknown_keys(fields, ARCH, U32_KEYS + STRING_KEYS + IDENTITY_KEYS)
     if unknown:
         raise LearnedError(f"{path}: unknown key(s) {', '.join(unknown)}")
     vals = {k: _field_value(path, fields, k, "u32") for k in U32_KEYS}

@@ -51,7 +51,8 @@ def default_root() -> Path:
     return Path(os.environ.get(ENV_CACHE) or Path.home() / CACHE_DIR_DEFAULT) / "grown"
 
 
-def _inside(path: Path, parent: Path) -> bool:
+def inside(path: Path, parent: Path) -> bool:
+    """Whether ``path`` resolves to ``parent`` or below it (a cache must never be inside the checkout)."""
     try:
         path.resolve().relative_to(parent.resolve())
         return True
@@ -78,7 +79,7 @@ class Store:
 
     def __init__(self, source: Path, root: Path | None = None, threads: int = 2) -> None:
         self.root = Path(root) if root else default_root()
-        if _inside(self.root, REPO_ROOT):
+        if inside(self.root, REPO_ROOT):
             raise GrowError(f"{self.root} is inside the repository ({REPO_ROOT}): grown models are never written there")
         self.source = Path(source)
         self.info = model_info(self.source)

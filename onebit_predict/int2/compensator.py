@@ -65,9 +65,20 @@ import numpy as np
 
 from ..learned import LearnedError, fnv1a64
 from ..learned import model_identity as router_identity
+from ..sidecar import (
+    KEY_ARCH,
+    U32_MAX,
+    U64_MAX,
+    check_f32_array,
+    field_value,
+    is_uint,
+    open_gguf,
+    open_sidecar,
+    unknown_keys,
+    write_sidecar,
+)
 
 ARCH = "onebit_compensator"
-KEY_ARCH = "general.architecture"
 KEY_N_EMBD = f"{ARCH}.n_embd"
 KEY_RANK = f"{ARCH}.rank"
 KEY_N_LAYER = f"{ARCH}.n_layer"
@@ -97,8 +108,6 @@ SOURCE_INPUT = "input"  # s = the MoE block's input (ffn_norm-{l})
 SOURCE_OUTPUT = "output"  # s = the MoE output before compensation (ffn_moe_out-{l})
 SOURCES = (SOURCE_INPUT, SOURCE_OUTPUT)
 RIDGES = (0.0, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)  # relative ridge: lam = ridge * trace(G) / n_embd
-U32_MAX = 2**32 - 1
-U64_MAX = 2**64 - 1
 
 
 class CompensatorError(ValueError):
@@ -162,13 +171,9 @@ class Compensator:
             _check_array(where, UP_NAME.format(layer=li), ly.up, (self.n_embd, self.rank))
 
 
-def _is_uint(v, top: int) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and 0 <= int(v) <= top
-
-
 def _check_header(where: str, n_embd, rank, n_layer, source, tokens) -> None:
     for key, v in ((KEY_N_EMBD, n_embd), (KEY_RANK, rank), (KEY_N_LAYER, n_layer), (KEY_TOKENS, tokens)):
-        if not _is_uint(v, U32_MAX):
+        if not is_uint(v, U32_MAX):
             raise CompensatorError(f"{where}: {key} = {v!r} is not a u32")
     if int(n_embd) < 1 or int(n_layer) < 1:
         raise CompensatorError(f"{where}: {KEY_N_EMBD} = {n_embd}, {KEY_N_LAYER} = {n_layer}: both must be >= 1")
@@ -181,17 +186,12 @@ def _check_header(where: str, n_embd, rank, n_layer, source, tokens) -> None:
 def _check_identity(where: str, model_arch, h) -> None:
     if not isinstance(model_arch, str) or not model_arch:
         raise CompensatorError(f"{where}: {KEY_MODEL_ARCH} is empty or not a string (the model's general.architecture)")
-    if not _is_uint(h, U64_MAX):
+    if not is_uint(h, U64_MAX):
         raise CompensatorError(f"{where}: {KEY_EXPERTS_HASH} = {h!r} is not a u64")
 
 
 def _check_array(where: str, name: str, arr, shape: tuple[int, ...]) -> None:
-    if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:
-        raise CompensatorError(f"{where}: tensor {name} is not float32 ({getattr(arr, 'dtype', type(arr).__name__)})")
-    if tuple(arr.shape) != shape:
-        raise CompensatorError(f"{where}: tensor {name} has numpy shape {tuple(arr.shape)}, expected {shape}")
-    if not np.all(np.isfinite(arr)):
-        raise CompensatorError(f"{where}: tensor {name} holds a value that is not finite")
+    check_f32_array(where, name, arr, shape, CompensatorError)
 
 
 # --- the file -------------------------------------------------------------------------------
@@ -200,59 +200,23 @@ def _check_array(where: str, name: str, arr, shape: tuple[int, ...]) -> None:
 def write_compensator(path: str | Path, comp: Compensator) -> None:
     """Write ``comp`` as a sidecar GGUF at ``path`` (validated first: :class:`CompensatorError`),
     whole or not at all (atomic.py)."""
-    import gguf
-
-    from ..atomic import atomic_path
-    from ..grow.gguf_keys import check_gguf_whole
-
     path = Path(path)
     comp.validate(str(path))
-    with atomic_path(path) as tmp:
-        w = gguf.GGUFWriter(tmp, ARCH)
-        try:
-            w.add_uint32(KEY_N_EMBD, int(comp.n_embd))
-            w.add_uint32(KEY_RANK, int(comp.rank))
-            w.add_uint32(KEY_N_LAYER, int(comp.n_layer))
-            w.add_string(KEY_SOURCE, comp.source)
-            w.add_string(KEY_MODEL_ARCH, comp.model_arch)
-            w.add_uint64(KEY_EXPERTS_HASH, int(comp.experts_hash))
-            if comp.model_name:
-                w.add_string(KEY_MODEL_NAME, comp.model_name)
-            if comp.fitted_on:
-                w.add_string(KEY_FITTED_ON, comp.fitted_on)
-            w.add_uint32(KEY_TOKENS, int(comp.tokens))
-            for li in sorted(comp.layers):
-                ly = comp.layers[li]
-                w.add_tensor(DOWN_NAME.format(layer=li), np.ascontiguousarray(ly.down, dtype=np.float32))
-                w.add_tensor(UP_NAME.format(layer=li), np.ascontiguousarray(ly.up, dtype=np.float32))
-            w.write_header_to_file()
-            w.write_kv_data_to_file()
-            w.write_tensors_to_file()
-        finally:
-            w.close()
-        check_gguf_whole(tmp, OSError, path)
-
-
-def _open(path: Path):
-    import gguf
-
-    try:
-        return gguf.GGUFReader(path)
-    except (OSError, ValueError, KeyError, IndexError, EOFError) as e:
-        raise CompensatorError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+    keys = [("u32", KEY_N_EMBD, comp.n_embd), ("u32", KEY_RANK, comp.rank), ("u32", KEY_N_LAYER, comp.n_layer)]
+    keys += [("string", KEY_SOURCE, comp.source), ("string", KEY_MODEL_ARCH, comp.model_arch)]
+    keys += [("u64", KEY_EXPERTS_HASH, comp.experts_hash)]
+    keys += [("string", KEY_MODEL_NAME, comp.model_name)] if comp.model_name else []
+    keys += [("string", KEY_FITTED_ON, comp.fitted_on)] if comp.fitted_on else []
+    keys += [("u32", KEY_TOKENS, comp.tokens)]
+    tensors = []
+    for li in sorted(comp.layers):
+        ly = comp.layers[li]
+        tensors += [(DOWN_NAME.format(layer=li), ly.down), (UP_NAME.format(layer=li), ly.up)]
+    write_sidecar(path, ARCH, keys, tensors)
 
 
 def _field_value(path: Path, fields, key: str, kind: str):
-    import gguf
-
-    f = fields.get(key)
-    if f is None:
-        raise CompensatorError(f"{path}: key {key} is missing")
-    want = {"u32": gguf.GGUFValueType.UINT32, "u64": gguf.GGUFValueType.UINT64}.get(kind, gguf.GGUFValueType.STRING)
-    if len(f.types) != 1 or f.types[0] != want:
-        got = "/".join(t.name for t in f.types) or "?"
-        raise CompensatorError(f"{path}: key {key} is {got}, expected {want.name}")
-    return str(f.contents()) if kind == "string" else int(f.contents())
+    return field_value(path, fields, key, kind, CompensatorError)
 
 
 def read_compensator(path: str | Path) -> Compensator:
@@ -260,14 +224,9 @@ def read_compensator(path: str | Path) -> Compensator:
     import gguf
 
     path = Path(path)
-    reader = _open(path)
+    reader = open_sidecar(path, ARCH, CompensatorError)
     fields = reader.fields
-    if KEY_ARCH not in fields:
-        raise CompensatorError(f"{path}: key {KEY_ARCH} is missing")
-    if fields[KEY_ARCH].contents() != ARCH:
-        raise CompensatorError(f"{path}: {KEY_ARCH} is {fields[KEY_ARCH].contents()!r}, expected {ARCH!r}")
-    known = REQUIRED_KEYS | OPTIONAL_KEYS
-    unknown = sorted(k for k in fields if k.startswith(ARCH + ".") and k not in known)
+    unknown = unknown_keys(fields, ARCH, REQUIRED_KEYS | OPTIONAL_KEYS)
     if unknown:
         raise CompensatorError(f"{path}: unknown key(s) {', '.join(unknown)}")
     v = {k: _field_value(path, fields, k, kind) for k, kind in REQUIRED_KEYS.items()}
@@ -337,7 +296,7 @@ def model_identity(model_gguf: str | Path) -> ModelIdentity:
     """The identity of a MoE model GGUF (:func:`experts_hash` and the shape the sidecar must have);
     :class:`CompensatorError` for a file that is not a GGUF or has no router."""
     model_gguf = Path(model_gguf)
-    fields = (reader := _open(model_gguf)).fields
+    fields = (reader := open_gguf(model_gguf, CompensatorError)).fields
 
     def key(k: str):
         if k not in fields:

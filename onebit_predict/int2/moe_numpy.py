@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..sidecar import open_gguf
+
 # architecture -> whether llama.cpp renormalises the top-k weights (softmax gating in both)
 GATING: dict[str, bool] = {"qwen3moe": True, "olmoe": False}
 _EXPERT_RE = re.compile(r"blk\.(0|[1-9][0-9]*)\.(ffn_gate_inp|ffn_gate_exps|ffn_up_exps|ffn_down_exps)\.weight")
@@ -78,13 +80,8 @@ def _float32(t) -> np.ndarray:
 
 def load_moe(path: str | Path) -> MoeModel:
     """Read every MoE layer of a model GGUF (float32 copies of its router and experts)."""
-    import gguf
-
     path = Path(path)
-    try:
-        reader = gguf.GGUFReader(path)
-    except (OSError, ValueError, KeyError, IndexError, EOFError) as e:
-        raise MoeError(f"{path}: not a readable GGUF file ({type(e).__name__}: {e})") from e
+    reader = open_gguf(path, MoeError)
     fields = reader.fields
     arch = str(fields["general.architecture"].contents()) if "general.architecture" in fields else "?"
     if arch not in GATING:

@@ -73,6 +73,7 @@ from ..corpus import EOD, corpus_files, is_validation
 from ..gguf_experts import ModelError, read_experts
 from ..grow.gguf_keys import check_gguf_whole
 from ..grow.grow import sha256_file
+from ..grow.store import inside
 from ..llama.paths import REPO_ROOT, NotBuiltError, build_info
 
 logger = logging.getLogger("onebit_predict")
@@ -359,14 +360,6 @@ class Made:
     cached: bool
 
 
-def _inside(path: Path, parent: Path) -> bool:
-    try:
-        path.resolve().relative_to(parent.resolve())
-        return True
-    except ValueError:
-        return False
-
-
 # --- the variants ---------------------------------------------------------------------------------
 
 
@@ -456,7 +449,7 @@ class Store:
 
     def __init__(self, source: Path, root: Path | None = None, threads: int = 1, train_tokens: int = TRAIN_TOKENS):
         self.root = Path(root) if root else default_root()
-        if _inside(self.root, REPO_ROOT):
+        if inside(self.root, REPO_ROOT):
             raise Int2Error(f"{self.root} is inside the repository ({REPO_ROOT}): variants are never written there")
         self.source = Path(source).resolve()
         if not self.source.is_file():
