@@ -60,6 +60,7 @@ from .sidecar import (
     U32_MAX,
     U64_MAX,
     check_f32_array,
+    check_identity,
     field_value,
     is_uint,
     open_sidecar,
@@ -162,10 +163,7 @@ def _check_header(where: str, ahead, n_embd, n_expert, model_name, trained_on, t
 
 
 def _check_identity(where: str, model_arch, router_hash) -> None:
-    if not isinstance(model_arch, str) or not model_arch:
-        raise LearnedError(f"{where}: {KEY_MODEL_ARCH} is empty or not a string (the model's general.architecture)")
-    if not is_uint(router_hash, U64_MAX):
-        raise LearnedError(f"{where}: {KEY_ROUTER_HASH} = {router_hash!r} is not a u64")
+    check_identity(where, KEY_MODEL_ARCH, model_arch, KEY_ROUTER_HASH, router_hash, LearnedError)
 
 
 def _check_array(where: str, name: str, arr, shape: tuple[int, ...]) -> None:

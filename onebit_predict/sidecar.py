@@ -26,6 +26,14 @@ def is_uint(v: Any, top: int) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, np.integer)) and 0 <= int(v) <= top
 
 
+def check_identity(where: str, key_arch: str, model_arch: Any, key_hash: str, h: Any, error: Error) -> None:
+    """The model a sidecar names: a non-empty architecture string and a u64 hash; ``error`` otherwise."""
+    if not isinstance(model_arch, str) or not model_arch:
+        raise error(f"{where}: {key_arch} is empty or not a string (the model's general.architecture)")
+    if not is_uint(h, U64_MAX):
+        raise error(f"{where}: {key_hash} = {h!r} is not a u64")
+
+
 def check_f32_array(where: str, name: str, arr: Any, shape: tuple[int, ...], error: Error) -> None:
     """``arr`` is a finite float32 numpy array of ``shape``; ``error`` naming the tensor otherwise."""
     if not isinstance(arr, np.ndarray) or arr.dtype != np.float32:

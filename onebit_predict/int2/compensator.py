@@ -68,8 +68,8 @@ from ..learned import model_identity as router_identity
 from ..sidecar import (
     KEY_ARCH,
     U32_MAX,
-    U64_MAX,
     check_f32_array,
+    check_identity,
     field_value,
     is_uint,
     open_gguf,
@@ -184,10 +184,7 @@ def _check_header(where: str, n_embd, rank, n_layer, source, tokens) -> None:
 
 
 def _check_identity(where: str, model_arch, h) -> None:
-    if not isinstance(model_arch, str) or not model_arch:
-        raise CompensatorError(f"{where}: {KEY_MODEL_ARCH} is empty or not a string (the model's general.architecture)")
-    if not is_uint(h, U64_MAX):
-        raise CompensatorError(f"{where}: {KEY_EXPERTS_HASH} = {h!r} is not a u64")
+    check_identity(where, KEY_MODEL_ARCH, model_arch, KEY_EXPERTS_HASH, h, CompensatorError)
 
 
 def _check_array(where: str, name: str, arr, shape: tuple[int, ...]) -> None:
