@@ -446,7 +446,7 @@ def test_show_and_check(tmp_path, run_cli):
 
 
 @pytest.mark.needs_build
-def test_capture_shapes_and_the_numpy_moe_matches_llama_cpp():
+def test_capture_shapes_and_the_numpy_moe_matches_llama_cpp(tmp_path):
     _, val = CAP.corpus_streams()
     wins = CAP.windows(val, 2)
     ref = M.load_moe(TINY)
@@ -459,9 +459,20 @@ def test_capture_shapes_and_the_numpy_moe_matches_llama_cpp():
         np.testing.assert_allclose(act.weights.sum(axis=1), 1.0, rtol=1e-5)
     for check in CAP.check_reference(ref, got):
         assert check.rel_err < 1e-3 and check.routing_agree > 0.99, check
-    with CAP.Capturer(TINY, threads=1, patch=lambda li, x, y: y) as cap:  # a patch that changes nothing
+    # llama.cpp's own compensator: a map of zeros changes nothing; 0.5 I on the input adds 0.5 x
+    ident = C.model_identity(TINY)
+    n = ident.n_embd
+
+    def sidecar(name: str, scale: float) -> Path:
+        lys = {li: C.CompensatorLayer(scale * np.eye(n, dtype=np.float32), np.eye(n, dtype=np.float32))
+               for li in ident.moe_layers}  # fmt: skip
+        comp = C.Compensator(n, n, ident.n_layer, "input", ident.arch, ident.experts_hash, layers=lys)
+        C.write_compensator(tmp_path / name, comp)
+        return tmp_path / name
+
+    with CAP.Capturer(TINY, threads=1, compensator=sidecar("zero.gguf", 0.0)) as cap:
         assert cap.run(wins).nll == pytest.approx(got.nll, rel=1e-6)
-    with CAP.Capturer(TINY, threads=1, patch=lambda li, x, y: y + 0.5 * x) as cap:
+    with CAP.Capturer(TINY, threads=1, compensator=sidecar("half.gguf", 0.5)) as cap:
         assert abs(cap.run(wins).nll - got.nll) > 1e-3
         with CAP.Capturer(TINY, threads=1) as full:
             held = CAP.heldout_scores(full, {"patched": cap}, wins)

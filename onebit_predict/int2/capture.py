@@ -11,8 +11,8 @@ those names only; called again once the tensor is computed, it copies the data o
 the head of ``struct ggml_tensor`` (ggml/include/ggml.h: ``type`` int32 at offset 0, ``ne``
 int64[4] at 16, ``nb`` size_t[4] at 48), cross-checked against ``ggml_nelements``. Every row is
 an output (so the last layer's FFN is not cut to the output rows), one window is one ubatch, and
-the predictor is off. A ``patch`` hook may rewrite ``ffn_moe_out`` in place, before the rest of
-the graph reads it: the compensator applied end to end, as llama.cpp's side will apply it.
+every predictor knob is off; a compensator sidecar, when given, is applied by llama.cpp itself
+(ONEBIT_MOE_COMPENSATOR), and ``ffn_moe_out`` is then the corrected output.
 
 Text: the corpus the tiny byte-level models were trained on (models/README.md; the split of
 tools/train_tiny.py): the CPython stdlib sources, token id = byte, 256 = end of file, and a file
@@ -40,8 +40,6 @@ CAPTURED = ("ffn_norm", "ffn_moe_out", "ffn_moe_topk", "ffn_moe_weights_norm")
 _NAME_RE = re.compile(r"(" + "|".join(CAPTURED) + r")-(0|[1-9][0-9]*)")
 GGML_TYPE_F32, GGML_TYPE_I32 = 0, 26  # ggml_type (gguf-py GGMLQuantizationType)
 _DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_I32: np.int32}
-
-Patch = Callable[[int, np.ndarray, np.ndarray], np.ndarray]  # (layer, x (T, n), y (T, n)) -> new y
 
 
 class CaptureError(ValueError):
@@ -93,9 +91,7 @@ def _ggml_base(lib_dir: Path) -> ctypes.CDLL:
         ("ggml_get_name", ctypes.c_char_p, [p]),
         ("ggml_nbytes", size, [p]),
         ("ggml_nelements", ctypes.c_int64, [p]),
-        ("ggml_is_contiguous", ctypes.c_bool, [p]),
         ("ggml_backend_tensor_get", None, [p, p, size, size]),
-        ("ggml_backend_tensor_set", None, [p, p, size, size]),
     ):
         fn = getattr(g, name)
         fn.restype, fn.argtypes = res, args
@@ -125,21 +121,16 @@ class Capture:
 class Capturer:
     """A model loaded with a context whose eval callback captures :data:`CAPTURED` (a context manager).
 
-    ``patch(layer, x, y)``, when given, returns the layer's MoE output that the rest of the graph
-    reads instead of ``y`` (written back into ``ffn_moe_out-{l}``); the capture keeps ``y`` as computed.
     ``compensator``, when given, is the patched build's own compensator (ONEBIT_MOE_COMPENSATOR): the
     graph adds it, and ``ffn_moe_out-{l}`` is then the corrected output. Every other knob is off.
     """
 
-    def __init__(
-        self, model_path: Path, threads: int = 1, patch: Patch | None = None, compensator: Path | None = None
-    ) -> None:
+    def __init__(self, model_path: Path, threads: int = 1, compensator: Path | None = None) -> None:
         from ..llama.moe_api import FIELDS
         from ..llama.runner import Context, ContextSettings, Model, llama
 
         lib = llama()
         self._g = _ggml_base(Path(lib.llama_cpp._lib._name).parent)
-        self.patch = patch
         self._error: BaseException | None = None
         self._got: dict[tuple[str, int], np.ndarray] = {}
         self.model = Model(Path(model_path))
@@ -179,12 +170,7 @@ class Capturer:
             key = (m.group(1), int(m.group(2)))
             if key in self._got:
                 raise CaptureError(f"{m.group(0)} computed twice in one ubatch")
-            arr = self._got[key] = self._read(t)
-            if self.patch is not None and key[0] == "ffn_moe_out":
-                y = np.ascontiguousarray(self.patch(key[1], self._got["ffn_norm", key[1]], arr), np.float32)
-                if y.shape != arr.shape or not self._g.ggml_is_contiguous(t):
-                    raise CaptureError(f"{m.group(0)}: the patch cannot be written back")
-                self._g.ggml_backend_tensor_set(t, y.ctypes.data, 0, y.nbytes)
+            self._got[key] = self._read(t)
         except BaseException as e:  # noqa: BLE001 - see above
             self._error = self._error or e
         return True
@@ -204,7 +190,7 @@ class Capturer:
         return self._got, z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
     def logprobs(self, tokens: np.ndarray) -> np.ndarray:
-        """The log-probabilities (T, n_vocab) float64 of every row of one window (the patch applied)."""
+        """The log-probabilities (T, n_vocab) float64 of every row of one window."""
         return self._decode(tokens)[1]
 
     def run(self, wins: Iterable[np.ndarray]) -> Capture:
