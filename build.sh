@@ -82,7 +82,10 @@ usage: ./build.sh [SUBCOMMAND] [OPTIONS]
   help                this text
 
 environment: ONEBIT_CACHE (cache root, default ~/.cache/onebit-predict), ONEBIT_JOBS (build jobs),
-             PYTHON (runs tools/series.py and makes .venv, default python3)
+             PYTHON (runs tools/series.py and makes .venv, default python3),
+             ONEBIT_NO_APT=1 (build never runs apt-get: as root it installs the emulated drive's
+             missing system packages, libfuse3-dev fuse3 fio pkg-config; otherwise it prints the
+             command that would)
 exit codes:  0 ok, 1 a step failed, 2 usage or input error
 EOF
 }
@@ -305,6 +308,47 @@ setup_python() {
     printf '%s' "$key" >"$venv/.onebit-stamp"
 }
 
+# the emulated drive's system packages (onebit-drive, onebit-bench --drive and their tests): libfuse3's
+# headers and pkg-config compile it, fuse3's fusermount3 mounts it as a user, fio measures it
+DRIVE_PACKAGES=(libfuse3-dev fuse3 fio pkg-config)
+
+# whether PACKAGE is here: dpkg-query says it is installed, or what the drive needs of it works
+drive_package_present() {
+    local pkg=$1
+    if command -v dpkg-query >/dev/null 2>&1 \
+        && [[ $(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null) == "install ok installed" ]]; then
+        return 0
+    fi
+    case $pkg in
+        libfuse3-dev) pkg-config --exists fuse3 >/dev/null 2>&1 ;;
+        fuse3) command -v fusermount3 >/dev/null 2>&1 ;;
+        *) command -v "$pkg" >/dev/null 2>&1 ;;
+    esac
+}
+
+# a step of its own: as root with apt-get, install the DRIVE_PACKAGES this machine lacks; otherwise
+# (or with ONEBIT_NO_APT=1, or when apt-get fails: no network) say the command and go on, since
+# only the emulated drive needs them
+system_packages() {
+    local pkg missing=()
+    [[ ${ONEBIT_NO_APT:-0} != 1 ]] || return 0
+    for pkg in "${DRIVE_PACKAGES[@]}"; do
+        drive_package_present "$pkg" || missing+=("$pkg")
+    done
+    [[ ${#missing[@]} -gt 0 ]] || return 0
+    if [[ $(id -u) != 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        say "notice: the emulated drive (onebit-drive, onebit-bench --drive) needs ${missing[*]}, not installed;" \
+            "to install them: sudo apt-get install ${missing[*]}"
+        return 0
+    fi
+    step "install the emulated drive's system packages: apt-get install ${missing[*]}"
+    if ! { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+        "${missing[@]}"; } >>"$LOG" 2>&1; then
+        say "notice: apt-get could not install ${missing[*]} (its log: $LOG); the emulated drive needs them:" \
+            "apt-get install ${missing[*]}"
+    fi
+}
+
 cmd_build() {
     local version shash tree bdir key pristine
     version=$(pin_value version)
@@ -322,6 +366,7 @@ cmd_build() {
     current_env LLAMA_TREE "$tree"
     current_env LLAMA_BUILD_DIR "$bdir"
     current_env LLAMA_LIB_DIR "$(lib_dir_of "$bdir")"
+    system_packages
     setup_python "$version"
     say "==> done: patched libllama in $(lib_dir_of "$bdir")"
 }
@@ -608,5 +653,6 @@ main() {
     esac
 }
 
-# one line: bash reads a script as it runs it, so an edit made to this file meanwhile never runs
-main "$@"; exit
+# one line: bash reads a script as it runs it, so an edit made to this file meanwhile never runs; sourced
+# (tests/test_build_sh.py calls its functions), it defines them and runs nothing
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then main "$@"; exit; fi

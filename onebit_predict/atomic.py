@@ -10,24 +10,64 @@ caller maps it to its own.
 
 - :func:`atomic_path`: a context manager that yields the temporary path, for writers that
   open the file themselves (gguf-py's GGUFWriter, matplotlib's savefig, a C tool);
-- :func:`atomic_write_bytes`, :func:`atomic_write_text`: one buffer, written and checked.
+- :func:`atomic_write_bytes`, :func:`atomic_write_text`: one buffer, written and checked;
+- :func:`sweep_partials`: the temporary files of writers that died (``kill -9``) before the rename.
+
+A temporary name holds its writer's pid (``.NAME.PID-XXXXXXXX.partial.SUFFIX``), so that a later run
+can tell a file whose writer is gone from one still being written.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-PARTIAL = ".partial"  # in every temporary name: `.NAME.XXXXXXXX.partial.SUFFIX`
+PARTIAL = ".partial"  # in every temporary name: `.NAME.PID-XXXXXXXX.partial.SUFFIX`
+PARTIAL_NAME = re.compile(r"^\..*\.(?P<pid>\d+)-[0-9a-f]{8}\.partial(\.[^/]*)?$")
 
 
 def temp_name(final: Path) -> Path:
-    """A fresh name next to ``final`` that keeps its suffix (matplotlib picks the format by it)."""
-    return final.with_name(f".{final.stem}.{secrets.token_hex(4)}{PARTIAL}{final.suffix}")
+    """A fresh name next to ``final`` that keeps its suffix (matplotlib picks the format by it) and
+    names this process (:func:`sweep_partials` removes it once this process is gone)."""
+    return final.with_name(f".{final.stem}.{os.getpid()}-{secrets.token_hex(4)}{PARTIAL}{final.suffix}")
+
+
+def sweep_partials(directory: str | Path) -> list[Path]:
+    """Remove the temporary files in ``directory`` whose writer is no longer running (a writer
+    killed before its rename); returns those removed. A writer's pid taken by another process since
+    keeps its file: a file is only ever left, never removed while written."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        m = PARTIAL_NAME.match(name)
+        if m is None or _running(int(m.group("pid"))):
+            continue
+        path = Path(directory) / name
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts as gone: it writes nothing more)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # cannot tell: keep its file
+    return stat[stat.rindex(")") + 2 :].split()[0] != "Z"
 
 
 def create_temp(final: Path) -> Path:

@@ -157,6 +157,7 @@ CACHE_DIR_DEFAULT = ".cache/onebit-predict"
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # SIGINT (Ctrl-C): 128 + 2, as a shell reports a process it ended
 
 # --- replay and simulate (docs/cost-model.md) -------------------------------------------
 REPLAY_POLICIES = ("lru", "lfru", "belady")
@@ -169,3 +170,31 @@ SIM_PLOT_BANDWIDTHS = (0.5e9, 1e9, 2e9, 3e9, 5e9, 7e9, 10e9, 14e9, 20e9)  # byte
 # the consumer's default workers before route-time reads (ONEBIT_PREFETCH_THREADS_DEFAULT was 2): the page
 # model plays a report written then (its rows' config objects lack ``route``) with them
 PREFETCH_THREADS_BEFORE_ROUTE = 2
+
+# --- the GGUF sidecars (sidecar.py: learned.py, int2/compensator.py) --------------------
+# the largest gain bound a sidecar's map may have per layer: ||up||_F * ||down||_F of a compensator
+# layer, ||W||_F and max|b| of a learned predictor's layer (float64). F16's largest finite value: a
+# map that can amplify a unit-norm input past it overflows the F16 K/V cache and F16 matmul inputs
+# downstream. The patch series' C++ loaders refuse a sidecar above it with the same rule.
+SIDECAR_MAX_GAIN = 65504.0
+
+# --- what onebit-bench changes on the machine, recorded before it changes it (llama/run_state.py) ---
+ENV_RUN_STATE = "ONEBIT_RUN_STATE_DIR"  # where each run keeps its state file (tests point it at a temporary one)
+RUN_STATE_DIR = "/run/onebit-predict"  # as root; otherwise $XDG_RUNTIME_DIR/onebit-predict, else the temp dir's
+RUN_OWNED_PREFIX = "onebit-"  # cgroups and temporary directories a later run may remove start with it
+# --read-ahead-kb: KiB, a whole number of pages, at most 1 GiB (the kernel takes up to 2^32 - 1 on a block
+# device, any unsigned long on a bdi, and reads back a value rounded down to pages; more than a GiB of
+# readahead per fault is a typo, not a setting)
+READ_AHEAD_KB_MAX = 1 << 20
+
+# --- where a decoded token's time goes (checks/worker.py, llama/diskstats.py, costmodel/measured.py DecodeSplit) ---
+COMPUTE_THREAD = "thread"  # --threads 1: the decoding thread's own CPU time (the split compute / waiting is exact)
+COMPUTE_PROCESS = "process"  # more threads: the process's CPU over the decode, every thread's (no wait is separable)
+PROC_DISKSTATS = "/proc/diskstats"
+DISKSTATS_SECTOR = 512  # /proc/diskstats counts 512-byte sectors, whatever the device's logical block size
+LARGEST_CAP = "max_sectors_kb"  # a block device's largest request: its queue's cap, the largest possible
+LARGEST_SEEN = "seen since mount"  # an emulated drive's largest request: the most its emulator served since mounted
+
+# --- prompt processing under --memory-limit (onebit-bench --prompt-tokens, checks/bench_prefill.py) ---
+PREFILL_UBATCH_DEFAULT = 512  # --ubatch when not given: llama.cpp's default n_ubatch (-ub)
+PREFILL_CTX_SLACK = 8  # a prefill run's n_ctx: its prompt tokens and this

@@ -34,7 +34,9 @@ The sidecar file (what llama.cpp's side reads, exactly): a GGUF file with
   (ggml ``ne0 = n_embd, ne1 = n_expert``, as ``blk.{l}.ffn_gate_inp.weight``) and
   ``learned.{l}.bias``, F32, numpy shape ``(n_expert,)``; no other tensor.
 
-:func:`read_learned` checks all of this (and that every value is finite) and raises
+:func:`read_learned` checks all of this (and that every value is finite, and that each layer's
+``||W_l||_F`` and ``max|b_l|``, float64, are at most SIDECAR_MAX_GAIN = 65504, F16's largest value,
+as the C++ loader does: sidecar.check_gain) and raises
 :class:`LearnedError` naming the file and the fault; :func:`check_model` checks a sidecar
 against the model GGUF it is meant for; :func:`stamp` rewrites a sidecar with a model's
 identity, values unchanged (``onebit-learned stamp SIDECAR MODEL``).
@@ -60,8 +62,10 @@ from .sidecar import (
     U32_MAX,
     U64_MAX,
     check_f32_array,
+    check_gain,
     check_identity,
     field_value,
+    frobenius,
     is_uint,
     open_sidecar,
     unknown_keys,
@@ -144,6 +148,9 @@ class LearnedPredictor:
             ly = self.layers[li]
             _check_array(where, WEIGHT_NAME.format(layer=li), ly.weight, (self.n_expert, self.n_embd))
             _check_array(where, BIAS_NAME.format(layer=li), ly.bias, (self.n_expert,))
+            check_gain(where, li, "the map's gain bound ||W||", frobenius(ly.weight), LearnedError)
+            bias = float(np.max(np.abs(ly.bias.astype(np.float64))))
+            check_gain(where, li, "the bias bound max|b|", bias, LearnedError)
 
 
 def _check_header(where: str, ahead, n_embd, n_expert, model_name, trained_on, tokens) -> None:

@@ -4,6 +4,11 @@ compensator's (int2/compensator.py).
 Each sidecar is a small GGUF of F32 tensors and typed keys, written whole or not at all and read
 back strictly; a fault is raised as the caller's own error class (``LearnedError``,
 ``CompensatorError``), with the file and the fault named, so every message stays the module's.
+
+Both readers and writers hold each layer's map to one gain bound (:func:`check_gain`,
+:data:`~onebit_predict.constants.SIDECAR_MAX_GAIN`, 65504, F16's largest finite value): a finite
+but huge weight would otherwise be used, and overflow the F16 K/V cache and matmul inputs
+downstream. The patch series' C++ loaders apply the same rule.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .constants import SIDECAR_MAX_GAIN
 
 U32_MAX = (1 << 32) - 1
 U64_MAX = (1 << 64) - 1
@@ -42,6 +49,19 @@ def check_f32_array(where: str, name: str, arr: Any, shape: tuple[int, ...], err
         raise error(f"{where}: tensor {name} has numpy shape {tuple(arr.shape)}, expected {shape}")
     if not np.all(np.isfinite(arr)):
         raise error(f"{where}: tensor {name} holds a value that is not finite")
+
+
+def frobenius(arr: np.ndarray) -> float:
+    """The Frobenius norm of ``arr``, computed in float64 (a float32 square of 3e38 would be inf)."""
+    return float(np.linalg.norm(np.asarray(arr, dtype=np.float64).reshape(-1)))
+
+
+def check_gain(where: str, layer: int, what: str, gain: float, error: Error) -> None:
+    """``gain`` (a layer's gain bound, named ``what``) is at most SIDECAR_MAX_GAIN; ``error`` otherwise."""
+    if not gain <= SIDECAR_MAX_GAIN:  # a NaN is refused too
+        raise error(
+            f"{where}: layer {layer}: {what} = {gain:.2g} exceeds {SIDECAR_MAX_GAIN:g} (F16's largest value): refused"
+        )
 
 
 def write_sidecar(

@@ -152,3 +152,36 @@ def no_matplotlib(monkeypatch) -> None:
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", refuse)
+
+
+# --- the skips, counted by reason (the last lines of ./build.sh test) -------------------------
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    """The reason a skipped test gave (pytest.skip, skipif, importorskip), without pytest's prefix."""
+    longrepr = report.longrepr
+    reason = str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def skips_by_reason(reports: Iterable[pytest.TestReport]) -> list[tuple[int, str]]:
+    """``(count, reason)`` of the skipped reports, the commonest reason first (ties by reason)."""
+    counts: dict[str, int] = {}
+    for report in reports:
+        reason = skip_reason(report)
+        counts[reason] = counts.get(reason, 0) + 1
+    return sorted(((n, reason) for reason, n in counts.items()), key=lambda x: (-x[0], x[1]))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config):
+    """``skipped: N (reason)``, one line per reason, after pytest's own summary (-ra): on a machine with
+    everything installed only the skips that need a CPU feature or the optional ``train`` extra (torch)
+    are left, and say so."""
+    yield
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    terminalreporter.section("skipped, by reason")
+    for n, reason in skips_by_reason(skipped):
+        terminalreporter.write_line(f"skipped: {n} ({reason})")

@@ -12,22 +12,26 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from onebit_predict.checks import bench_memory, rounds
 from onebit_predict.checks.bench_memory import drives_mounted, drives_report, markdown_memory, memory_configs
-from onebit_predict.checks.rounds import BenchOptions, Config, DriveRun, Sample, run_one
+from onebit_predict.checks.rounds import BenchOptions, Config, DriveRun, Sample, WorkerError, run_one, worker_json
 from onebit_predict.commands.bench import main as bench_main
 from onebit_predict.constants import EXIT_OK, EXIT_USAGE
 from onebit_predict.costmodel.measured import load_measured
 from onebit_predict.costmodel.row_config import DRIVES, RowConfig, from_name
 from onebit_predict.drive import emudrive
-from onebit_predict.drive.emudrive import EmuDriveError, _mounted_at, unavailable_reason
+from onebit_predict.drive.emudrive import EmuDriveError, unavailable_reason
 from onebit_predict.drive.profiles import NVME
 from onebit_predict.llama.cgroup import CgroupError, MemoryCgroup
 from onebit_predict.llama.evict import expert_spans, resident_expert_bytes
+from onebit_predict.llama.mounts import mounted_at
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "qwen3moe-tiny.gguf"
@@ -67,6 +71,8 @@ def _require_cgroup() -> None:
         (["--drive", "native"], "--drive is a dimension of --memory-limit runs"),
         (["--memory-limit", "64MiB", "--drive", "floppy"], "unknown drive 'floppy': one of native, nvme, sata"),
         (["--memory-limit", "64MiB", "--drive", "nvme,"], "empty item"),
+        (["--memory-limit", "64MiB", "--drive", "native,native"], "'native,native' gives native twice"),
+        (["--memory-limit", "64MiB", "--drive", "nvme,sata, nvme"], "gives nvme twice"),
     ],
 )
 def test_drive_arguments_are_refused(extra, message, monkeypatch, capsys):
@@ -250,14 +256,14 @@ def test_a_run_on_the_emulated_drive(tmp_path, monkeypatch):
     with drives_mounted(model, ["native", "nvme"], [ra] if ra else None) as drives:
         nvme = drives["nvme"]
         mountpoint = nvme.mount.mountpoint
-        assert nvme.path.parent == mountpoint and _mounted_at(mountpoint) and drives["native"].path == model
+        assert nvme.path.parent == mountpoint and mounted_at(mountpoint) and drives["native"].path == model
         rounds.read_through(nvme.path)  # resident: the bench's eviction check must drop it through the mount
         assert resident_expert_bytes(nvme.path, spans) > 0
         opts = BenchOptions(rounds=1, memory_limit=64 << 20, drives=drives)
         sample = run_one(model, Config("block + advise, nvme", {}, drive="nvme", read_ahead_kb=ra), tmp_path, opts)
         if ra:
             assert int((nvme.mount.bdi / "read_ahead_kb").read_text()) == ra
-    assert not _mounted_at(mountpoint)
+    assert not mounted_at(mountpoint)
     assert seen["cmd"][0] == str(nvme.path) and seen["resident"] == 0
     assert 0 < sample.read_bytes <= sample.drive_bytes and sample.drive_bytes >= model.stat().st_size
     assert sample.drive_cpu_s >= 0 and sample.drive_decode_cpu_s >= 0
@@ -271,6 +277,101 @@ def test_a_run_on_the_emulated_drive(tmp_path, monkeypatch):
     assert rec["read_ahead_kb"] == (ra or rec["read_ahead_kb_initial"]) and rec["final"]["final"]
     assert rec["runs"] == nvme.runs and rec["emulator_cgroup"] == nvme.mount.cgroup
     assert drives_report(None, model) == {"native": {"emulated": False, "path": str(model)}}
+
+
+# --- a worker that dies of a signal -------------------------------------------------------------
+
+# a worker whose last stderr line says nothing of why it died, then SIGBUS (a fault on a dead FUSE mapping)
+SIGBUS_WORKER = (
+    "import os, signal, sys; print('n_exps.input_scale', file=sys.stderr, flush=True); "
+    "os.kill(os.getpid(), signal.SIGBUS)"
+)
+
+
+def _worker_run(monkeypatch, worker) -> None:
+    """subprocess.run as rounds.py starts a worker: ``worker(cmd, **kw)`` instead (any other command runs)."""
+    real_run = subprocess.run
+
+    def run(cmd, **kw):
+        return worker(cmd, **kw) if cmd[1:3] == ["-m", rounds.WORKER_MODULE] else real_run(cmd, **kw)
+
+    monkeypatch.setattr(rounds.subprocess, "run", run)
+
+
+def _dies_of_sigbus(monkeypatch) -> None:
+    _worker_run(monkeypatch, lambda cmd, **kw: subprocess.run([sys.executable, "-c", SIGBUS_WORKER], **kw))
+
+
+class _StandInMount:
+    """An emulated drive's Mount as run_one uses it, up or down."""
+
+    def __init__(self, down: str | None) -> None:
+        self.pid, self.stats_path, self._down = 1, Path("/nonexistent"), down
+
+    def stats(self):
+        return None
+
+    def down(self) -> str | None:
+        return self._down
+
+
+def test_a_worker_killed_by_a_signal_is_named_by_it(monkeypatch):
+    """Not "the worker failed (-7): n_exps.input_scale": the signal's name; on an emulated drive that is
+    down, "the emulated drive stopped"."""
+    _dies_of_sigbus(monkeypatch)
+    with pytest.raises(WorkerError) as e:
+        worker_json(["m.gguf"], Path("/lib"), "block: the worker failed")
+    assert str(e.value) == "block: the worker failed: killed by SIGBUS" and e.value.signal == signal.SIGBUS
+    monkeypatch.setattr(rounds, "check_build", lambda *a: None)
+    for down, message in [
+        ("onebit-emudrive (pid 1) is no longer running (killed by SIGKILL)",
+         "block, nvme: the emulated drive stopped (SIGBUS in the worker; onebit-emudrive (pid 1) is no longer "
+         "running (killed by SIGKILL))"),
+        (None, "block, nvme: the worker failed: killed by SIGBUS"),  # the drive is up: the worker's own fault
+    ]:  # fmt: skip
+        drives = {"nvme": DriveRun("nvme", MODEL, mount=_StandInMount(down))}
+        with pytest.raises(WorkerError) as e:
+            run_one(MODEL, Config("block, nvme", {}, drive="nvme"), Path("/lib"), BenchOptions(drives=drives))
+        assert str(e.value) == message
+
+
+# the worker: maps the model, drops its pages, says so, and touches every page once told to (stdin)
+MAPPING_WORKER = """
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+print("mapped", flush=True)
+sys.stdin.readline()
+print(sum(m[i] for i in range(0, len(m), 4096)))
+"""
+
+
+def test_the_emulated_drive_stopping_mid_decode(tmp_path, monkeypatch):
+    """The emulator killed while the worker has the model mapped from its mount: the worker's next fault
+    is a SIGBUS, and the row's error says the emulated drive stopped (FUSE, no build)."""
+    _require_fuse()
+    model = _private_model(tmp_path)
+
+    def run(cmd, **kw):
+        path = cmd[3]  # python -m onebit_predict.commands.bench_worker MODEL ...
+        worker = subprocess.Popen([sys.executable, "-c", MAPPING_WORKER, path], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert worker.stdout.readline() == "mapped\n", worker.communicate()
+        os.kill(drives["nvme"].mount.pid, signal.SIGKILL)
+        drives["nvme"].mount._proc.wait()
+        out, err = worker.communicate("go\n", timeout=60)
+        return subprocess.CompletedProcess(cmd, worker.returncode, out, err)
+
+    _worker_run(monkeypatch, run)
+    with drives_mounted(model, ["nvme"], None) as drives:
+        with pytest.raises(WorkerError) as e:
+            run_one(model, Config("block + advise, nvme", {}, drive="nvme"), tmp_path, BenchOptions(drives=drives))
+    assert e.value.signal == signal.SIGBUS
+    assert str(e.value) == (
+        f"block + advise, nvme: the emulated drive stopped (SIGBUS in the worker; onebit-emudrive (pid "
+        f"{drives['nvme'].mount.pid}) is no longer running (killed by SIGKILL))"
+    )
 
 
 # --- the real run ---------------------------------------------------------------------------------
@@ -303,7 +404,7 @@ def test_native_and_nvme_side_by_side(tmp_path, capsys):
     assert len(rec["runs"]) == 12 and all(r["after"]["bytes"] > r["before"]["bytes"] for r in rec["runs"])
     assert "onebit-bench-" not in rec["emulator_cgroup"]  # outside every run's memory cgroup
     assert doc["drives"]["native"] == {"emulated": False, "path": str(model)}
-    assert not _mounted_at(Path(rec["mountpoint"])) and not Path(rec["mountpoint"]).exists()
+    assert not mounted_at(Path(rec["mountpoint"])) and not Path(rec["mountpoint"]).exists()
     (tmp_path / "r.json").write_text(out.out)
     back = load_measured(tmp_path / "r.json")
     assert [r.drive for r in back.rows] == ["native", "nvme"] * 12

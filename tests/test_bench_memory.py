@@ -26,10 +26,9 @@ from onebit_predict.checks.bench_memory import (
     memory_configs,
     require_odd_rounds,
 )
+from onebit_predict.checks.memory_limits import limit_bytes
 from onebit_predict.checks.rounds import BenchOptions, Config, Sample, read_through, run_one
-from onebit_predict.commands.bench import _limits
 from onebit_predict.commands.bench import main as bench_main
-from onebit_predict.commands.common import UsageError
 from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from onebit_predict.costmodel.measured import load_measured
 from onebit_predict.costmodel.row_config import RowConfig
@@ -44,12 +43,40 @@ MODEL = REPO / "models" / "qwen3moe-tiny.gguf"
 
 
 def test_limits_are_shares_of_the_expert_bytes_or_sizes():
-    assert _limits(["50%", "25%"], 1 << 30) == [1 << 29, 1 << 28]
-    assert _limits(["resident", "50%"], 1 << 30) == [RESIDENT, 1 << 29]
-    assert _limits(["160MiB"], 1 << 30) == [160 << 20]
+    assert limit_bytes(["50%", "25%"], 1 << 30) == [1 << 29, 1 << 28]
+    assert limit_bytes(["resident", "50%"], 1 << 30) == [RESIDENT, 1 << 29]
+    assert limit_bytes(["160MiB"], 1 << 30) == [160 << 20]
     for bad in ("half", "5%"):  # not a limit; 5 % of 256 MiB is under the 16 MiB a process needs
-        with pytest.raises(UsageError):
-            _limits([bad], 256 << 20)
+        with pytest.raises(ValueError):
+            limit_bytes([bad], 256 << 20)
+
+
+@pytest.mark.parametrize(
+    "limits, message",
+    [
+        (
+            "150%",
+            "'150%': a limit is a share above 0 and below 100 % of the expert bytes (or 'resident', for no limit)",
+        ),
+        ("100%", "'100%': a limit is a share above 0 and below 100 %"),
+        ("50%,inf%", "'inf%': a limit is a share above 0 and below 100 %"),
+        ("0%", "'0%': a limit is a share above 0"),
+        ("50%,resident,50%", "gives 50% twice (each value is a run of its own)"),
+        ("resident,resident", "gives resident twice"),
+        ("64MiB,67108864", "'67108864' is 67108864 bytes, given twice (each limit is a run of its own)"),
+    ],
+)
+def test_a_limit_is_below_the_expert_bytes_and_given_once(limits, message, monkeypatch, capsys):
+    """150 % of the experts is no limit (the report called it one); a limit given twice ran every row
+    twice. Both exit 2, one line, before the build is looked for."""
+
+    def no_build():
+        raise AssertionError("the build was looked for")
+
+    monkeypatch.setattr("onebit_predict.commands.bench.build_info", no_build)
+    assert bench_main([str(MODEL), "--memory-limit", limits]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
 
 
 def test_no_cgroup_says_why(tmp_path, monkeypatch):
@@ -423,6 +450,45 @@ def test_route_rows_measure_what_the_routed_experts_lacked(tmp_path, capsys):
     assert RowConfig.from_fields(got["route"]["config"]) == RowConfig(route=True)
     assert bench_main([*argv, "--rows", "route + route"]) == EXIT_USAGE
     assert "--rows: 'route + route'" in capsys.readouterr().err
+
+
+@pytest.mark.needs_build
+def test_each_row_says_where_its_tokens_time_went(tmp_path, capsys):
+    """A real run on the tiny model with one compute thread: each row's compute (the decoding thread's CPU)
+    and waiting add up to its token's wall time, its reads are counted on the model's device (where the
+    temporary directory has one), and route's expert-level hit rate is a share (off has none). The route
+    row runs without the room rule (room 0): at a readahead of 8192 KiB the rule holds route off under any
+    limit on this model, and a route op held off looks at nothing (no hit rate)."""
+    _require_cgroup()
+    model = _private_model(tmp_path)
+    argv = [str(model), "--memory-limit", "64MiB", "--rounds", "1", "--generate", "8", "--prompt", "8",
+            "--threads", "1", "--rows", "route, room 0", "--json"]  # fmt: skip
+    assert bench_main(argv) == EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    got = {r["name"]: r for r in doc["rows"]}
+    assert list(got) == ["patched off", "route, room 0"]
+    for name, r in got.items():
+        d = r["decode"]
+        wall_ms = 1e3 / r["median_tok_s"]  # one round: the run's own
+        assert d["compute_basis"] == "thread" and 0 < d["compute_ms"] <= 1.01 * wall_ms, (name, d, wall_ms)
+        assert d["compute_ms"] + d["wait_ms"] == pytest.approx(wall_ms, rel=0.10), (name, d, wall_ms)
+        # the calling thread computes a one-thread graph: its clock sees the compute, not ~0 (some other thread's)
+        assert d["compute_ms"] >= 0.1 * wall_ms, (name, d, wall_ms)
+        if doc["device"] is not None:  # the model's block device: its /proc/diskstats line
+            assert d["requests_from"].startswith("diskstats ") and d["requests"] >= 0, d
+            assert d["in_flight"] >= 0 and 0 <= d["busy"] <= 1.05 and d["request_kib_largest_is"] == "max_sectors_kb"
+            assert d["request_kib_mean"] is None if d["requests"] == 0 else d["request_kib_mean"] > 0
+    route = got["route, room 0"]["decode"]
+    assert got["patched off"]["decode"]["expert_hit"] is None and got["patched off"]["decode"]["room_mib"] is None
+    assert route["expert_hit"] is not None and 0.0 <= route["expert_hit"] <= 1.0, route
+    assert route["room_mib"] is None and route["room_need_mib"] > 0  # the rule off: its room unknown (-1)
+    back = load_measured(_write(tmp_path / "r.json", doc))
+    assert back.rows[1].decode.expert_hit == route["expert_hit"]
+
+
+def _write(path: Path, doc: dict) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
 
 
 @pytest.mark.needs_build

@@ -7,8 +7,9 @@ into it, so no test downloads or unpacks the sdist. What is covered: the command
 exit codes, a missing or malformed patches/PIN or patches/series, the sdist's sha256 check,
 the lint of patches/series (tools/series.py, unit-tested in test_series.py, run by
 build.sh), the ruff step of check, a patch that does not apply (check and build), a clean
-check, rebase --tree (clean, conflicting, dirty tree) and export --from regenerating patches/
-byte for byte.
+check, rebase --tree (clean, conflicting, dirty tree), export --from regenerating patches/
+byte for byte, and the build's system-packages step (build.sh sourced, its functions called with
+stand-ins for id, dpkg-query, pkg-config and apt-get on a PATH of their own: apt-get never runs).
 
 The session fixture ``seed`` fills the real cache ($ONEBIT_CACHE, else ~/.cache/onebit-predict)
 once when it lacks the sdist or the pristine tree (pip download, then ``./build.sh rebase --to``
@@ -79,8 +80,10 @@ def run_build_sh(
     no_cmake: bool = False,
     extra_env: dict[str, str] | None = None,
 ) -> Run:
-    """``repo/build.sh ARGS`` with ONEBIT_CACHE=cache (TMPDIR=tmpdir when given)."""
-    env = dict(os.environ, ONEBIT_CACHE=str(cache), **(extra_env or {}))
+    """``repo/build.sh ARGS`` with ONEBIT_CACHE=cache (TMPDIR=tmpdir when given), never running apt-get
+    (ONEBIT_NO_APT=1 unless extra_env says otherwise)."""
+    env = dict(os.environ, ONEBIT_CACHE=str(cache), ONEBIT_NO_APT="1")
+    env.update(extra_env or {})
     env.pop("VIRTUAL_ENV", None)  # build.sh would install into the caller's venv
     if tmpdir is not None:
         tmpdir.mkdir(parents=True, exist_ok=True)
@@ -720,3 +723,151 @@ def test_export_from_a_rebased_tree_is_byte_identical(
     assert sorted(exported) == sorted(committed)
     for name, data in committed.items():
         assert exported[name] == data, f"patches/{name} differs after export"
+
+
+# --- 9. the emulated drive's system packages (build.sh sourced) --------------------------------
+
+DRIVE_PACKAGES = ("libfuse3-dev", "fuse3", "fio", "pkg-config")
+# cmd_build with every step around system_packages stood in for: each says its name
+CMD_BUILD_STUBS = """
+pin_value() { echo 0.0.0; }
+series_hash() { echo 0; }
+flags_hash() { echo 0; }
+open_log() { LOG=$SYSPKG_LOG; }
+pinned_pristine() { :; }
+apply_series() { :; }
+build_tree() { say "stub: build_tree"; }
+current_env() { :; }
+lib_dir_of() { echo /nowhere; }
+setup_python() { say "stub: setup_python"; }
+"""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What the system-packages step finds: the user id, the packages dpkg-query lists as installed,
+    the ones whose commands work (fio, fusermount3, pkg-config and its fuse3), apt-get and its exit."""
+
+    uid: int = 0
+    dpkg: tuple[str, ...] | None = None  # None: no dpkg-query
+    working: tuple[str, ...] = ()
+    apt_get: bool = True
+    apt_exit: int = 0
+
+
+def _stub(path: Path, body: str) -> None:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+
+
+def run_system_packages(tmp_path: Path, machine: Machine, call: str = "system_packages", **env: str) -> Run:
+    """``CALL`` in a bash that sourced the checkout's build.sh, on a PATH of stand-ins only; apt-get's
+    calls recorded in tmp_path/apt-calls, one line each with DEBIAN_FRONTEND first."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dirname",):  # what sourcing build.sh runs (ONEBIT_JOBS set: no nproc)
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    _stub(bin_dir / "id", f'[ "$1" = -u ] && echo {machine.uid}\n')
+    if machine.dpkg is not None:
+        listed = " ".join(machine.dpkg)
+        _stub(
+            bin_dir / "dpkg-query",
+            f'pkg=$3\ncase " {listed} " in *" $pkg "*) printf "install ok installed"; exit 0;; esac\n'
+            'echo "dpkg-query: no packages found matching $pkg" >&2\nexit 1\n',
+        )
+    if "pkg-config" in machine.working:
+        fuse = 0 if "libfuse3-dev" in machine.working else 1
+        _stub(bin_dir / "pkg-config", f'[ "$1 $2" = "--exists fuse3" ] && exit {fuse}\nexit 1\n')
+    if "fio" in machine.working:
+        _stub(bin_dir / "fio", "exit 0\n")
+    if "fuse3" in machine.working:
+        _stub(bin_dir / "fusermount3", "exit 0\n")
+    calls = tmp_path / "apt-calls"
+    if machine.apt_get:
+        _stub(
+            bin_dir / "apt-get", f'echo "DEBIAN_FRONTEND=$DEBIAN_FRONTEND $*" >> "{calls}"\nexit {machine.apt_exit}\n'
+        )
+    log = tmp_path / "build.log"
+    script = f'source "$1"\nLOG=$2\n{CMD_BUILD_STUBS if call == "cmd_build" else ""}\n{call}\n'
+    full_env = {
+        "PATH": str(bin_dir),
+        "HOME": str(tmp_path),
+        "ONEBIT_CACHE": str(tmp_path / "cache"),
+        "ONEBIT_JOBS": "1",
+        "SYSPKG_LOG": str(log),
+        **env,
+    }
+    p = subprocess.run(
+        [shutil.which("bash"), "-c", script, "bash", str(REPO_ROOT / "build.sh"), str(log)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    return Run(p.returncode, p.stdout, p.stderr)
+
+
+def apt_calls(tmp_path: Path) -> list[str]:
+    calls = tmp_path / "apt-calls"
+    return calls.read_text().splitlines() if calls.exists() else []
+
+
+UPDATE = "DEBIAN_FRONTEND= update"
+INSTALL = "DEBIAN_FRONTEND=noninteractive install -y --no-install-recommends"
+STEP_SAID = "==> install the emulated drive's system packages: apt-get install"
+NOTICE_SAID = "notice: the emulated drive (onebit-drive, onebit-bench --drive) needs"
+# (the machine, the packages it lacks, whether the step installs them)
+SYSTEM_PACKAGE_CASES = {
+    # root with apt-get: installs exactly what is missing, after apt-get update
+    "root, nothing there": (Machine(uid=0), DRIVE_PACKAGES, True),
+    "root, dpkg lists some": (Machine(uid=0, dpkg=("fuse3", "pkg-config")), ("libfuse3-dev", "fio"), True),
+    "root, some commands work": (Machine(uid=0, working=("pkg-config", "fio")), ("libfuse3-dev", "fuse3"), True),
+    "root, dpkg lists all": (Machine(uid=0, dpkg=DRIVE_PACKAGES), (), False),
+    "root, all commands work": (Machine(uid=0, dpkg=(), working=DRIVE_PACKAGES), (), False),
+    # not root, or no apt-get: the command, as a notice, and nothing run
+    "user": (Machine(uid=1000, dpkg=("fio",)), ("libfuse3-dev", "fuse3", "pkg-config"), False),
+    "root without apt-get": (Machine(uid=0, apt_get=False), DRIVE_PACKAGES, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SYSTEM_PACKAGE_CASES))
+def test_system_packages_installs_as_root_and_says_the_command_otherwise(tmp_path: Path, case: str) -> None:
+    machine, missing, installs = SYSTEM_PACKAGE_CASES[case]
+    r = run_system_packages(tmp_path, machine)
+    assert r.rc == 0, r
+    names = " ".join(missing)
+    if installs:
+        assert apt_calls(tmp_path) == [UPDATE, f"{INSTALL} {names}"], r
+        assert f"{STEP_SAID} {names}\n" in r.stderr and "notice" not in r.stderr, r
+    elif missing:
+        assert apt_calls(tmp_path) == [], r
+        assert f"{NOTICE_SAID} {names}, not installed; to install them: sudo apt-get install {names}\n" in r.stderr, r
+        assert "==> install" not in r.stderr, r
+    else:
+        assert apt_calls(tmp_path) == [] and r.stderr == "", r
+
+
+def test_onebit_no_apt_skips_the_step(tmp_path: Path) -> None:
+    r = run_system_packages(tmp_path, Machine(uid=0), ONEBIT_NO_APT="1")
+    assert r.rc == 0 and r.stderr == "", r
+    assert apt_calls(tmp_path) == []
+    assert "ONEBIT_NO_APT=1" in run_build_sh(REPO_ROOT, tmp_path / "cache", "help").stdout
+
+
+def test_a_failed_apt_get_is_a_notice_and_the_build_goes_on(tmp_path: Path) -> None:
+    r = run_system_packages(tmp_path, Machine(uid=0, apt_exit=100), call="cmd_build")
+    assert r.rc == 0, r
+    assert apt_calls(tmp_path) == [UPDATE], "install ran after a failed update"
+    assert "notice: apt-get could not install libfuse3-dev fuse3 fio pkg-config (its log: " in r.stderr, r
+    assert "stub: setup_python" in r.stderr, f"the build stopped at apt-get\n{r}"
+
+
+@pytest.mark.parametrize(("uid", "said"), [(0, STEP_SAID), (1000, NOTICE_SAID)])
+def test_the_build_runs_the_step_between_llama_cpp_and_python(tmp_path: Path, uid: int, said: str) -> None:
+    r = run_system_packages(tmp_path, Machine(uid=uid), call="cmd_build")
+    assert r.rc == 0, r
+    marks = ("stub: build_tree", said, "stub: setup_python")
+    seen = [m for line in r.stderr.splitlines() for m in marks if line.startswith(m)]
+    assert seen == list(marks), r
+    assert bool(apt_calls(tmp_path)) == (uid == 0), r

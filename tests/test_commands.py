@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -16,9 +19,10 @@ import pytest
 from onebit_predict.checks.rounds import WorkerError
 from onebit_predict.commands import stats
 from onebit_predict.commands.common import CheckFailed, UsageError, exit_code, run_command
-from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from onebit_predict.costmodel.expert_bytes import ModelError
 from onebit_predict.costmodel.plot import PlotUnavailable
+from onebit_predict.drive.emudrive import EmuDriveError, EmuDriveUnavailable
 from onebit_predict.llama.drive import DriveError
 from onebit_predict.llama.evict import EvictError
 from onebit_predict.llama.paths import NotBuiltError
@@ -120,6 +124,8 @@ def test_console_script_as_a_process(script, tmp_path):
         (StatsKernelError("x"), EXIT_USAGE),
         (PlotUnavailable("x"), EXIT_USAGE),
         (FileNotFoundError(2, "No such file or directory", "x"), EXIT_USAGE),
+        (EmuDriveUnavailable("x"), EXIT_USAGE),  # a system package missing, as a missing build
+        (EmuDriveError("x"), EXIT_CHECK_FAILED),
         (ValueError("x"), EXIT_USAGE),
         (KeyError("x"), None),  # a bug: no code, the traceback stays
     ],
@@ -135,6 +141,63 @@ def test_run_command_maps_and_logs(exc, code, capsys):
 
     assert run_command("onebit-x", argparse.ArgumentParser(prog="onebit-x"), body, []) == code
     assert capsys.readouterr().err == f"onebit-x: ERROR: {exc}\n"
+
+
+def test_run_command_interrupted_is_one_line_and_130(capsys):
+    """Ctrl-C: the command's finally blocks run, then one line and exit 130, never a traceback."""
+    cleaned = []
+
+    def body(_args: argparse.Namespace) -> int:
+        try:
+            raise KeyboardInterrupt
+        finally:
+            cleaned.append(True)
+
+    try:
+        rc = run_command("onebit-x", argparse.ArgumentParser(prog="onebit-x"), body, [])
+    except KeyboardInterrupt:  # not through pytest: it would end the session
+        pytest.fail("KeyboardInterrupt escaped run_command (a traceback, not exit 130)")
+    assert rc == EXIT_INTERRUPTED == 130
+    assert capsys.readouterr().err == "onebit-x: ERROR: interrupted\n" and cleaned == [True]
+
+
+# a command run as from a terminal (SIGINT's default handler, whatever the test runner's disposition was)
+AS_FROM_A_TERMINAL = (
+    "import importlib, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "module, _, function = sys.argv[1].partition(':'); "
+    "sys.exit(getattr(importlib.import_module(module), function)(sys.argv[2:]))"
+)
+
+
+def _blocked_in_open(pid: int, timeout_s: float = 10.0) -> None:
+    """Until the process waits in the open of a FIFO (no writer yet): mid-run, where nothing would end it."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/wchan").read_text().strip() in ("fifo_open", "pipe_wait", "wait_for_partner"):
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    time.sleep(1.0)  # /proc/PID/wchan unreadable here: give it time to get there
+
+
+@pytest.mark.parametrize(
+    "prog, argv", [("onebit-stats", ["{fifo}"]), ("onebit-stats replay", ["replay", "{fifo}", "--slots", "2"])]
+)
+def test_sigint_mid_run_is_one_line_and_130(prog, argv, tmp_path):
+    """A real command (onebit-stats reading a trace that never comes: a FIFO without a writer), SIGINT
+    mid-run: exit 130, one line, no traceback."""
+    fifo = tmp_path / "t.bin"
+    os.mkfifo(fifo)
+    args = [a.format(fifo=fifo) for a in argv]
+    proc = subprocess.Popen([sys.executable, "-c", AS_FROM_A_TERMINAL, SCRIPTS["onebit-stats"], *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    _blocked_in_open(proc.pid)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == EXIT_INTERRUPTED and out == "", err
+    assert err == f"{prog}: ERROR: interrupted\n"
 
 
 def test_run_command_keeps_the_traceback_of_a_bug():

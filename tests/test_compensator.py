@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from onebit_predict.commands import compensator as cmd
-from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, SIDECAR_MAX_GAIN
 from onebit_predict.int2 import capture as CAP
 from onebit_predict.int2 import compensator as C
 from onebit_predict.int2 import moe_numpy as M
@@ -164,6 +164,29 @@ BAD_FILES = {
 }
 
 
+def _huge(value: float = 3e38) -> dict[str, np.ndarray]:
+    """Layer 1 of write_raw's default file with up[0, 0] = value and down[0, 0] = 1: ||up||*||down|| = value."""
+    down, up = np.zeros((3, 8), np.float32), np.zeros((8, 3), np.float32)
+    down[0, 0], up[0, 0] = 1.0, value
+    zero = {f"compensator.{li}.{k}": np.zeros(shape, np.float32) for li in (0, 2) for k, shape in
+            (("down", (3, 8)), ("up", (8, 3)))}  # fmt: skip
+    return zero | {"compensator.1.down": down, "compensator.1.up": up}
+
+
+BAD_FILES["huge finite weight"] = (
+    dict(tensors=_huge()),
+    "layer 1: the map's gain bound ||up||*||down|| = 3e+38 exceeds 65504 (F16's largest value): refused",
+)
+BAD_FILES["gain just above the bound"] = (dict(tensors=_huge(65600.0)), "= 6.6e+04 exceeds 65504")
+
+
+def test_the_gain_bound_is_f16s_largest_value(tmp_path):
+    assert SIDECAR_MAX_GAIN == float(np.finfo(np.float16).max) == 65504.0
+    assert sorted(C.read_compensator(write_raw(tmp_path / "edge.gguf", tensors=_huge(65504.0))).layers) == [0, 1, 2]
+    ly = C.CompensatorLayer(np.full((3, 8), 2.0, np.float32), np.full((8, 3), 3.0, np.float32))
+    assert ly.gain_bound == pytest.approx(np.sqrt(24) * 2 * np.sqrt(24) * 3)  # the Frobenius norms, not C's
+
+
 @pytest.mark.parametrize("case", sorted(BAD_FILES))
 def test_reader_refuses(tmp_path, case):
     kw, message = BAD_FILES[case]
@@ -196,6 +219,33 @@ def test_writer_refuses_and_writes_nothing(tmp_path, change, message):
     with pytest.raises(C.CompensatorError, match=message):
         C.write_compensator(tmp_path / "c.gguf", bad)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_writer_refuses_a_huge_map_and_writes_nothing(tmp_path):
+    comp = make_comp()
+    up = comp.layers[2].up.copy()
+    up[4, 1] = 3e38
+    bad = C.Compensator(**{**comp.__dict__, "layers": {**comp.layers, 2: C.CompensatorLayer(comp.layers[2].down, up)}})
+    with pytest.raises(
+        C.CompensatorError, match=r"layer 2: the map's gain bound \|\|up\|\|\*\|\|down\|\| = .* exceeds"
+    ):
+        C.write_compensator(tmp_path / "c.gguf", bad)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fitted_compensator_is_far_below_the_gain_bound(tmp_path):
+    rng = np.random.default_rng(5)
+    n = 16
+    s = correlated(rng, 3000, n)
+    m = C.Moments.zeros(n)
+    m.add(s, s @ rng.standard_normal((n, n)).T + 0.1 * rng.standard_normal((3000, n)))
+    for rank in (4, n):
+        comp = C.Compensator(
+            n, rank, 2, "input", "qwen3moe", 7, layers={0: C.fit_layer(m, rank), 1: C.fit_layer(m, rank)}
+        )
+        C.write_compensator(tmp_path / f"c{rank}.gguf", comp)
+        back = C.read_compensator(tmp_path / f"c{rank}.gguf")
+        assert max(ly.gain_bound for ly in back.layers.values()) < SIDECAR_MAX_GAIN / 100
 
 
 # --- the model it names -----------------------------------------------------------------------
@@ -442,6 +492,42 @@ def test_show_and_check(tmp_path, run_cli):
     assert rc == EXIT_USAGE and "no such file" in err
 
 
+def test_show_refuses_a_sidecar_with_a_huge_finite_weight(tmp_path, run_cli):
+    q2 = write_model(tmp_path / "q2.gguf", T.Q2_K)
+    good = make_comp(n_embd=256, rank=2, experts_hash=C.experts_hash(q2))
+    tensors = {}
+    for li, ly in good.layers.items():
+        tensors[f"compensator.{li}.down"], tensors[f"compensator.{li}.up"] = ly.down, ly.up.copy()
+    tensors["compensator.1.up"][7, 0] = 3e38  # finite: the reader's finiteness check lets it through
+    keys = {C.KEY_EXPERTS_HASH: ("u64", good.experts_hash), C.KEY_SOURCE: ("str", "input")}
+    bad = write_raw(tmp_path / "huge.gguf", keys=keys, tensors=tensors, n_embd=256, rank=2)
+    rc, out, err = run_cli(cmd.main, "show", bad, "--model", q2)
+    assert rc == EXIT_USAGE, (rc, out, err)
+    gain = np.linalg.norm(tensors["compensator.1.up"].astype(np.float64)) * np.linalg.norm(good.layers[1].down)
+    assert f"{bad}: layer 1: the map's gain bound ||up||*||down|| = {gain:.2g} exceeds 65504" in err, err
+    assert "fits" not in out
+    C.write_compensator(tmp_path / "good.gguf", good)  # the same sidecar without the huge weight fits
+    rc, out, _ = run_cli(cmd.main, "show", tmp_path / "good.gguf", "--model", q2)
+    assert rc == EXIT_OK and "fits" in out
+
+
+def test_fit_refuses_an_out_it_cannot_write_before_any_work(tmp_path, run_cli, monkeypatch):
+    f16, q2 = write_model(tmp_path / "f16.gguf", T.F16), write_model(tmp_path / "q2.gguf", T.Q2_K)
+
+    def work(*args, **kwargs):
+        raise AssertionError("the fit started before --out was checked")
+
+    monkeypatch.setattr(CAP, "corpus_streams", work)
+    fit = ("fit", "--model", f16, "--quantized", q2, "--out")
+    rc, _, err = run_cli(cmd.main, *fit, tmp_path / "absent" / "c.gguf")
+    assert rc == EXIT_USAGE and f"the directory {tmp_path / 'absent'} does not exist" in err, err
+    rc, _, err = run_cli(cmd.main, *fit, tmp_path)
+    assert rc == EXIT_USAGE and f"--out {tmp_path}: is a directory" in err, err
+    monkeypatch.setattr(cmd.os, "access", lambda path, mode: False)
+    rc, _, err = run_cli(cmd.main, *fit, tmp_path / "c.gguf")
+    assert rc == EXIT_USAGE and f"the directory {tmp_path} is not writable" in err, err
+
+
 # --- with the patched build -----------------------------------------------------------------------
 
 
@@ -502,6 +588,7 @@ def test_fit_command_end_to_end(tmp_path, run_cli):
     with pytest.raises(C.CompensatorError, match="fitted for other experts"):
         C.check_model(comp, TINY)
     assert comp.rank in (4, 16) and comp.source in C.SOURCES and sorted(comp.layers) == list(range(8))
+    assert max(ly.gain_bound for ly in comp.layers.values()) < SIDECAR_MAX_GAIN / 100  # a fitted map: far below
     import json
 
     doc = json.loads(out)

@@ -188,6 +188,8 @@ def test_the_loader_refuses_with_its_reason(q2, sidecar, tmp_path, capsys):
     n_embd = C.model_identity(q2).n_embd
     nan = np.zeros((4, n_embd), np.float32)
     nan[1, 2] = np.nan
+    huge = np.full((4, n_embd), 0.01, np.float32)
+    huge[1, 2] = 3e38  # finite, and garbage: the output turned to "&&&&" before the gain bound
     base = {
         f"compensator.{li}.{part}": np.zeros((4, n_embd) if part == "down" else (n_embd, 4), np.float32)
         for li in range(4)
@@ -221,6 +223,12 @@ def test_the_loader_refuses_with_its_reason(q2, sidecar, tmp_path, capsys):
         "non-finite": (
             write_raw(tmp_path / "n.gguf", q2, tensors=base | {"compensator.2.down": nan}),
             "layer 2: compensator.2.down or compensator.2.up holds a non-finite value",
+        ),
+        "huge finite weight": (
+            write_raw(
+                tmp_path / "g.gguf", q2, tensors=base | {"compensator.2.down": huge, "compensator.2.up": huge.T.copy()}
+            ),
+            "layer 2: the map's gain bound ||compensator.2.up|| ||compensator.2.down|| = 9e+76 exceeds 65504",
         ),
         "wrong shape": (
             write_raw(tmp_path / "w.gguf", q2, tensors=base | {"compensator.1.up": base["compensator.1.down"]}),

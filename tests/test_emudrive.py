@@ -26,13 +26,13 @@ from onebit_predict.drive.emudrive import (
     DriveStats,
     EmuDriveError,
     EmuDriveUnavailable,
-    _mounted_at,
     build,
     mounted,
     unavailable_reason,
 )
 from onebit_predict.drive.profiles import KIB, MIB, NVME, SATA, DriveProfile, profile
 from onebit_predict.llama.evict import drop_file
+from onebit_predict.llama.mounts import mounted_at
 
 FILE_BYTES = 64 * MIB
 RA_KB = 128 if os.geteuid() == 0 else None  # setting the bdi's read_ahead_kb needs root
@@ -221,9 +221,9 @@ def test_sata_does_not_scale(emu_binary, data_file):
 def test_mount_is_gone_after_exit_and_after_an_exception(emu_binary, data_file):
     src, data = data_file
     with mounted(src, SATA, binary=emu_binary) as m:
-        assert _mounted_at(m.mountpoint)
+        assert mounted_at(m.mountpoint)
         assert pread(m.path, 0, 4096) == data[:4096]
-    assert not _mounted_at(m.mountpoint) and not m.mountpoint.exists()
+    assert not mounted_at(m.mountpoint) and not m.mountpoint.exists()
     assert m._proc.returncode == 0  # SIGTERM: unmounted and exited 0
     final = m.stats()
     assert final.final and final.requests >= 1
@@ -233,12 +233,12 @@ def test_mount_is_gone_after_exit_and_after_an_exception(emu_binary, data_file):
         raise LookupError("inside the mount")
     with contextlib.suppress(OSError):  # the connection is gone: close's flush fails with ENOTCONN
         os.close(fd)
-    assert not _mounted_at(m2.mountpoint) and m2._proc.returncode == 0
+    assert not mounted_at(m2.mountpoint) and m2._proc.returncode == 0
 
     with mounted(src, SATA, binary=emu_binary) as m3:  # the emulator killed: the mount is taken down anyway
         os.kill(m3.pid, signal.SIGKILL)
         m3._proc.wait()
-    assert not _mounted_at(m3.mountpoint)
+    assert not mounted_at(m3.mountpoint)
     with pytest.raises(EmuDriveError, match="no longer running|exited"):
         m3.stats()
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import math
 import os
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,6 +35,7 @@ from onebit_predict.int2.variants import (
     VARIANTS,
     Int2Error,
     Store,
+    block_size,
     build_text,
     corpus_files,
     is_validation,
@@ -316,6 +318,55 @@ def test_cli_usage_errors(run_cli, tmp_path):
     assert rc == 2 and "VARIANT=FILE" in err
     rc, _, err = run_cli(int2_main, "agreement", model, "--compensator", f"q2_k={tmp_path / 'absent'}")
     assert rc == 2 and "no such file" in err
+
+
+# --- expert rows that the type's blocks do not divide: refused before any work --------------------------------
+
+TINY = REPO / "models" / "qwen3moe-tiny.gguf"  # 64-wide expert rows: q8_0's blocks of 32 divide them, QK_K's not
+
+
+@pytest.fixture
+def no_tools(monkeypatch):
+    """Any llama.cpp tool run, or the imatrix's text made, fails the test: nothing may start."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("work started: a tool or the training text was asked for")
+
+    import onebit_predict.int2.variants as V
+
+    monkeypatch.setattr(V, "tool_binary", refuse)
+    monkeypatch.setattr(V, "corpus_text", refuse)
+
+
+@pytest.mark.parametrize("types", ["q2_k", "q8_0,iq2_xxs", "tq2_0", "q4_k_m"])
+def test_variants_refuses_rows_that_are_not_whole_blocks_first(run_cli, tmp_path, no_tools, types):
+    rc, out, err = run_cli(int2_main, "variants", TINY, "--types", types, "--cache-dir", tmp_path / "cache")
+    assert rc == 2, err
+    bad = types.split(",")[-1]
+    found = re.search(
+        r": (blk\.0\.ffn_(gate|up|down)_exps\.weight) has rows of 64 values, not a multiple of 256: ", err
+    )
+    assert found and err.startswith(f"onebit-int2: ERROR: {TINY}: {found.group(1)}"), err
+    assert f"not a multiple of 256: variant {bad} ({VARIANTS[bad].gguf_type}) " in err, err
+    assert "stores whole blocks of 256 per row (QK_K); these rows take f16, q8_0" in err
+    assert out == "" and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("cmd", ["quality", "agreement"])
+def test_quality_and_agreement_refuse_them_too(run_cli, tmp_path, no_tools, cmd):
+    rc, _, err = run_cli(int2_main, cmd, TINY, "--types", "q8_0", "--compensator", f"iq2_s={TINY}")
+    assert rc == 2 and "variant iq2_s (IQ2_S) stores whole blocks of 256" in err, err
+
+
+def test_check_rows_takes_the_types_whose_blocks_divide_the_rows(tmp_path):
+    store = Store(TINY, tmp_path / "cache")
+    store.check_rows(["f16", "q8_0"])
+    with pytest.raises(Int2Error, match="rows of 64 values, not a multiple of 256"):
+        store.variant("q2_k")
+    Store(H256, tmp_path / "cache").check_rows(list(VARIANTS))  # 256-wide rows take every type
+    assert {n: block_size(v) for n, v in VARIANTS.items()} == {
+        "f16": 1, "q8_0": 32, "q4_k_m": 256, "q2_k": 256, "iq2_xxs": 256, "iq2_xs": 256, "iq2_s": 256, "tq2_0": 256,
+    }  # fmt: skip
 
 
 # --- with the patched build: a real q2_k variant of the 2-bit study's model --------------------------------

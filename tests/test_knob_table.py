@@ -1,7 +1,9 @@
 """The one table of knobs (ONEBIT_MOE_KNOBS in the patched tree's include/onebit-moe.h) against the
 sidecar's own lists: the C API struct's fields in order (llama/moe_api.py FIELDS, the ABI), every
 variable known to the policy (constants.ENV_ALL) and documented (docs/policy.md), every flag
-documented. A knob added to the table and forgotten here, or the other way round, fails."""
+documented, and the flag table of docs/policy.md's "The knobs" section (which README.md links to
+instead of holding a copy) row for row. A knob added to the table and forgotten here, or the other
+way round, fails."""
 
 from __future__ import annotations
 
@@ -52,3 +54,29 @@ def test_the_pattern_reads_a_row_and_misses_none():
     block = text[text.index("#define ONEBIT_MOE_KNOBS(X)") :]
     block = block[: block.index("\n\n")]
     assert block.count("X(") == len(knob_table())  # the define names its parameter (X), never X(
+
+
+README_MD = POLICY_MD.parent.parent / "README.md"
+KNOB_ROW = re.compile(r"^\| `(--[a-z-]+)` \| `(ONEBIT_\w+)` \|", re.MULTILINE)
+
+
+def knobs_section() -> str:
+    """docs/policy.md's "## The knobs" section: the table of every flag (the README links to it)."""
+    docs = POLICY_MD.read_text()
+    assert "\n## The knobs\n" in docs, "docs/policy.md has no section '## The knobs'"
+    section = docs.split("\n## The knobs\n", 1)[1]
+    return section.split("\n## ", 1)[0]
+
+
+def test_the_knobs_section_has_a_row_for_every_flag():
+    """Its table: one row per knob with a flag, flag and variable as the X-macro table pairs them."""
+    rows = KNOB_ROW.findall(knobs_section())
+    want = {flag: variable for _, variable, flag in knob_table() if flag}
+    assert len(rows) == len(dict(rows)), f"a flag has two rows: {rows}"
+    assert dict(rows) == want
+
+
+def test_the_readme_links_to_the_table_and_holds_none():
+    readme = README_MD.read_text()
+    assert KNOB_ROW.findall(readme) == [], "the knob table lives in docs/policy.md#the-knobs, not in README.md"
+    assert "(docs/policy.md#the-knobs)" in readme

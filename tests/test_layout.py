@@ -1,4 +1,5 @@
-"""The package's layout: argparse only under commands/, no import cycle, every module importable."""
+"""The package's layout: argparse only under commands/, no import cycle, every module importable, modules and
+commands small, README.md a front page."""
 
 from __future__ import annotations
 
@@ -95,3 +96,13 @@ def test_modules_stay_small():
         if n > limit:
             too_long.append(f"{path.relative_to(PACKAGE.parent)}: {n} lines (at most {limit})")
     assert too_long == []
+
+
+README = PACKAGE.parent / "README.md"
+README_LINES_MAX = 170  # the front page: detail lives in docs/, linked from it
+
+
+def test_the_readme_is_a_front_page():
+    """README.md stays at most 170 lines (issue 29): the knob table is docs/policy.md's, and so on."""
+    n = len(README.read_text().splitlines())
+    assert n <= README_LINES_MAX, f"README.md has {n} lines (at most {README_LINES_MAX}): move detail to docs/"

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from onebit_predict import learned as L
+from onebit_predict.constants import SIDECAR_MAX_GAIN
+from onebit_predict.sidecar import frobenius
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "models"
@@ -81,9 +83,10 @@ def write_raw(path: Path, *, arch=L.ARCH, keys=None, drop=(), tensors=None, ahea
     return path
 
 
-def copy_sidecar(src: Path, dst: Path, *, drop=(), keys=None, poison: str | None = None) -> Path:
+def copy_sidecar(src: Path, dst: Path, *, drop=(), keys=None, poison: str | None = None, value: float = np.nan) -> Path:
     """``src`` rewritten without the module's validation: keys ``drop``ped, ``keys`` ({key: (kind,
-    value)}) added or replaced, tensor ``poison``'s first value NaN; every other key and value as is."""
+    value)}) added or replaced, tensor ``poison``'s first value ``value`` (NaN); every other key and
+    value as is."""
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(dst, L.ARCH)
     add = {"u32": w.add_uint32, "u64": w.add_uint64, "str": w.add_string}
@@ -95,7 +98,7 @@ def copy_sidecar(src: Path, dst: Path, *, drop=(), keys=None, poison: str | None
     for t in r.tensors:
         arr = np.array(t.data, dtype=np.float32)
         if t.name == poison:
-            arr.reshape(-1)[0] = np.nan
+            arr.reshape(-1)[0] = value
         w.add_tensor(t.name, arr)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -303,6 +306,65 @@ def test_committed_sidecars(name, ahead):
     assert pred.ahead == ahead and pred.trained_on == "generation"
     assert (pred.model_arch, pred.router_hash) == IDENTITY[name]
     L.check_model(pred, REPO / "models" / f"{name}.gguf")
+
+
+def test_committed_sidecars_are_far_below_the_gain_bound():
+    """||W||_F and max|b| of every committed sidecar's layers (at most 37 and 2.7 when measured)."""
+    for path in sorted(MODELS.glob("*.learned-k*.gguf")):
+        pred = L.read_learned(path)
+        assert max(frobenius(ly.weight) for ly in pred.layers.values()) < SIDECAR_MAX_GAIN / 1000, path
+        assert max(float(np.abs(ly.bias).max()) for ly in pred.layers.values()) < SIDECAR_MAX_GAIN / 1000, path
+
+
+def _huge_weight(tmp_path: Path, where: str, value: float) -> Path:
+    tensors = {}
+    for li in (1, 2):
+        tensors[f"learned.{li}.weight"] = np.ones((6, 8), np.float32)
+        tensors[f"learned.{li}.bias"] = np.ones(6, np.float32)
+    tensors[where].reshape(-1)[3] = value
+    return write_raw(tmp_path / "huge.gguf", tensors=tensors)
+
+
+@pytest.mark.parametrize(
+    "where, value, message",
+    [
+        ("learned.2.weight", 3e38, "layer 2: the map's gain bound ||W|| = 3e+38 exceeds 65504 (F16's largest value)"),
+        ("learned.1.weight", 7e4, "layer 1: the map's gain bound ||W|| = 7e+04 exceeds 65504"),
+        ("learned.1.bias", -3e38, "layer 1: the bias bound max|b| = 3e+38 exceeds 65504 (F16's largest value)"),
+        ("learned.2.bias", 65600.0, "layer 2: the bias bound max|b| = 6.6e+04 exceeds 65504"),
+    ],
+)
+def test_reader_refuses_a_huge_finite_value(tmp_path, where, value, message):
+    path = _huge_weight(tmp_path, where, value)
+    with pytest.raises(L.LearnedError) as e:
+        L.read_learned(path)
+    assert f"{path}: {message}" in str(e.value)
+
+
+def test_the_bounds_edge_reads(tmp_path):
+    assert sorted(L.read_learned(_huge_weight(tmp_path, "learned.1.bias", -SIDECAR_MAX_GAIN)).layers) == [1, 2]
+    pred = make_pred()
+    huge = pred.layers[2].weight.copy()
+    huge[0, 0] = 3e38
+    bad = L.LearnedPredictor(
+        **{**pred.__dict__, "layers": {**pred.layers, 2: L.LearnedLayer(huge, pred.layers[2].bias)}}
+    )
+    with pytest.raises(L.LearnedError, match=r"layer 2: the map's gain bound \|\|W\|\| = 3e\+38 exceeds 65504"):
+        L.write_learned(tmp_path / "p.gguf", bad)
+    assert not (tmp_path / "p.gguf").exists()
+
+
+def test_check_refuses_a_sidecar_with_a_huge_finite_weight(tmp_path, capsys):
+    from onebit_predict.commands.learned import main as learned_main
+
+    q3 = bundled("qwen3moe-tiny")
+    huge = copy_sidecar(
+        MODELS / "qwen3moe-tiny.learned-k1.gguf", tmp_path / "h.gguf", poison="learned.3.weight", value=3e38
+    )
+    assert learned_main(["check", str(huge), str(q3)]) == 2
+    err = capsys.readouterr().err
+    assert f"{huge}: layer 3: the map's gain bound ||W|| = 3e+38 exceeds 65504 (F16's largest value): refused" in err
+    assert "Traceback" not in err
 
 
 def test_check_model_mismatch(tmp_path):

@@ -129,3 +129,14 @@ def test_random_sidecar_covers_the_predicted_layers(arch, tiny_model, tmp_path):
     path = random_sidecar(tiny_model(arch), 2, tmp_path / "s.gguf", 0)
     with Model(tiny_model(arch)) as model:
         _context(model, {ENV_MODE: "learned", ENV_AHEAD: "2", ENV_LEARNED: str(path)})
+
+
+def test_a_sidecar_with_a_huge_finite_weight_is_refused(tmp_path, capsys):
+    """One weight of 3e38 is finite, and its logits overflow: llama.cpp refuses it by the gain bound
+    (65504, F16's largest value), as the package's reader does."""
+    qwen = MODELS / "qwen3moe-tiny.gguf"
+    huge = copy_sidecar(
+        MODELS / "qwen3moe-tiny.learned-k1.gguf", tmp_path / "huge.gguf", poison="learned.3.weight", value=3e38
+    )
+    err = _refused(qwen, {ENV_MODE: "learned", ENV_AHEAD: "1", ENV_LEARNED: str(huge)}, capsys)
+    assert "layer 3: ||learned.3.weight|| = 3e+38 or max |learned.3.bias|" in err and "exceeds 65504" in err, err

@@ -246,3 +246,28 @@ def test_server_metrics_without_the_predictor_have_no_onebit_lines():
         _post(port, "/completion", {"prompt": PROMPT, "n_predict": 4, "temperature": 0})
         m = _metrics(port)
     assert "tokens_predicted_total" in m and not any(k.startswith("onebit_") for k in m)
+
+
+def test_server_metrics_with_route_alone_show_route_and_nothing_else():
+    """Route alone (no predictor, no speculative reads): the modes, the route counters and the failed
+    ranges, and no predictor or speculative line (they would read 0 and say nothing)."""
+    # the room rule off: the model fits here, and route would idle (nothing to count)
+    with _server(["--metrics", "--moe-prefetch-route", "--moe-prefetch-room", "0"], tool_env(None)) as port:
+        _post(port, "/completion", {"prompt": PROMPT, "n_predict": 8, "temperature": 0})
+        m = _metrics(port)
+    assert (m["onebit_moe_predict_mode"], m["onebit_moe_prefetch_mode"]) == (0, 2)
+    # every routed expert is either read or found resident: the two add up to the routed bytes
+    assert m["onebit_moe_route_bytes_total"] + m["onebit_moe_route_resident_bytes_total"] > 0
+    assert m["onebit_moe_route_experts_total"] >= 0 and m["onebit_moe_route_stale_total"] == 0
+    assert m["onebit_moe_prefetch_failed_total"] == 0
+    shown = {k for k in m if k.startswith("onebit_")}
+    hidden = {"onebit_moe_predicted_tokens_total", "onebit_moe_read_recall", "onebit_moe_prefetch_experts_total"}
+    assert not shown & hidden, shown
+
+
+def test_server_metrics_with_a_trace_alone_have_no_onebit_lines(tmp_path):
+    """A trace without a predictor or a consumer predicts and reads nothing: no onebit_ line."""
+    with _server(["--metrics", "--moe-predict-out", str(tmp_path / "t.bin")], tool_env(None)) as port:
+        _post(port, "/completion", {"prompt": PROMPT, "n_predict": 4, "temperature": 0})
+        m = _metrics(port)
+    assert "tokens_predicted_total" in m and not any(k.startswith("onebit_") for k in m)

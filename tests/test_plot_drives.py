@@ -1,6 +1,7 @@
 """onebit-stats plot-drives: the drive matrix's cells (drive x expert size x limit) from onebit-bench
 --memory-limit --drive reports: the ratios per cell, the floor and the physical limit, the "gain from"
-rule, the drive labels, --json/--csv, one PNG per drive, and exit 2 on bad input.
+rule, the drive labels, --json/--csv, one PNG per drive, and exit 2 on bad input; where each token's time
+went (the rows' decode) as a table and stacked bars, and the retention-aware limit of a Belady replay.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from onebit_predict.costmodel.drive_cells import (
     NO_GAIN,
     drive_cells,
     gain_from,
+    load_replay,
     physical_limit,
+    with_belady,
 )
 from onebit_predict.costmodel.measured import load_measured
 
@@ -265,3 +268,154 @@ def test_png_dir_writes_one_file_per_drive(capsys, matrix, tmp_path):
     assert sorted(p.name for p in out_dir.iterdir()) == ["native-128.png", "nvme.png", "sata.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in out_dir.iterdir())
     assert png_name("native @8192") == "native-8192.png"
+
+
+# --- where each token's time went (issue 30): the rows' decode, the retention-aware limit --------------
+
+
+def decode(compute: float, wait: float | None, hit: float | None = None) -> dict:
+    """A row's ``decode`` object (only some of its fields: the rest read as None)."""
+    return {"compute_ms": compute, "wait_ms": wait, "compute_basis": "thread", "requests": 40.0, "expert_hit": hit}
+
+
+def split_rows(drives: tuple[str, ...] = ("native", "nvme", "sata")) -> list:
+    rows = matrix_rows(drives=drives)
+    for r in rows:
+        if r["config"]["drive"] == "nvme":
+            ms = 1e3 / r["median_tok_s"]
+            r["decode"] = decode(min(20.0, ms), ms - min(20.0, ms), 0.6 if r["config"]["route"] else None)
+    return rows
+
+
+def replay_json(path: Path, results: list[tuple[str, int, list[float]]], n_expert: int = 8, **extra) -> Path:
+    """An onebit-stats replay --json: (policy, slots, reads per token of each layer) per result."""
+    doc = {
+        "trace": "t.bin",
+        "header": {"n_layer": 2, "n_expert": n_expert, "n_expert_used": 2},
+        "tokens": 24,
+        "results": [
+            {"policy": p, "slots": n, "prefetch": "none", "lfru_window": 32, "cold": False}
+            | {"layers": [{"layer": i, "reads_per_token": x} for i, x in enumerate(reads)]}
+            | extra
+            for p, n, reads in results
+        ],
+    }
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_split_goes_to_the_cells_the_table_and_the_json(capsys, tmp_path):
+    rep = report(tmp_path / "s.json", split_rows())
+    cells = drive_cells([load_measured(rep)])
+    nvme, sata = cell(cells, "nvme", HALF), cell(cells, "sata", HALF)
+    assert nvme.has_split and not sata.has_split
+    assert nvme.row("route").decode.compute_ms == 20.0 and nvme.row("route").decode.expert_hit == 0.6
+    rc, out, _ = run(capsys, rep)
+    assert rc == EXIT_OK
+    blocks = {b.splitlines()[0]: b for b in out.split("### ")[1:]}
+    assert "Per decoded token" in blocks["nvme"] and "Per decoded token" not in blocks["sata"]
+    lines = [x for x in blocks["nvme"].split("Per decoded token")[1].splitlines() if x.startswith("|")]
+    body = {r[0]: r[1:] for r in ([c.strip() for c in x.strip("|").split("|")] for x in lines[2:])}
+    assert body["route"][4:8] == ["20.0", "80.0", "40.0", "60.0"]  # 50 %: 10 tok/s, 100 ms: 20 + 80
+    assert body["patched off"][7] == "-"  # no route time: no expert hit rate
+    limit = next(v for k, v in body.items() if k.startswith("**physical limit**"))
+    assert limit[4] == "20.0"  # nvme at 50 %: compute-bound, 1 / 50 tok/s
+    rc, out, _ = run(capsys, rep, "--json")
+    rows = json.loads(out)["rows"]
+    r = next(x for x in rows if x["drive"] == "nvme" and x["limit"] == "50 %" and x["configuration"] == "route")
+    assert (r["decode_compute_ms"], r["decode_wait_ms"], r["decode_expert_hit"]) == (20.0, 80.0, 0.6)
+    assert r["decode_request_kib_mean"] is None and r["belady_floor_mib_per_token"] is None
+    assert all(x["decode_compute_ms"] is None for x in rows if x["drive"] == "sata")
+    rc, out, _ = run(capsys, rep, "--csv")
+    assert rc == EXIT_OK and "decode_wait_ms" in out.splitlines()[0]
+
+
+def test_a_belady_replay_gives_the_retention_aware_limit(capsys, tmp_path, caplog):
+    """50 % of 8 experts: 4 slots per layer; Belady's 1.5 + 0.5 expert reads per token of 25 MiB each (400 MiB
+    over 2 layers x 8 experts, the model not being here): a floor of 50 MiB per token."""
+    rep = report(tmp_path / "s.json", split_rows())
+    replay = replay_json(
+        tmp_path / "r.json", [("lru", 4, [3.0, 3.0]), ("belady", 2, [9.0, 9.0]), ("belady", 4, [1.5, 0.5])]
+    )
+    trace_prefetch = replay_json(tmp_path / "t.json", [("belady", 4, [0.1, 0.1])], prefetch="trace")
+    with pytest.raises(ValueError, match="no belady result without prefetch"):
+        load_replay(trace_prefetch)
+    cells = with_belady(drive_cells([load_measured(rep)]), [load_replay(replay)])
+    nvme, sata = cell(cells, "nvme", HALF), cell(cells, "sata", HALF)
+    assert nvme.belady_floor_bytes == pytest.approx(50 * MIB) and cell(cells, "nvme", 0).belady_floor_bytes == 0.0
+    assert nvme.retention_limit_tok_s == pytest.approx(50.0)  # 50 MiB / 6 GB/s < 20 ms of compute
+    assert sata.retention_limit_tok_s == pytest.approx(5.6e8 / (50 * MIB))
+    assert sata.physical_limit_tok_s == pytest.approx(5.6e8 / (60 * MIB))  # the route floor's, unchanged
+    rc, out, _ = run(capsys, rep, "--replay", replay)
+    assert rc == EXIT_OK and "**retention-aware limit**" in out and "**Belady floor**" in out
+    block = [b for b in out.split("### ") if b.startswith("sata")][0]
+    belady = next(x for x in block.splitlines() if x.startswith("| **Belady floor**"))
+    assert [c.strip() for c in belady.strip("|").split("|")][8] == "50.0"
+    rc, out, _ = run(capsys, rep, "--replay", replay, "--json")
+    r = next(x for x in json.loads(out)["rows"] if x["drive"] == "sata" and x["limit"] == "50 %")
+    assert r["belady_floor_mib_per_token"] == pytest.approx(50.0)
+    assert r["retention_limit_tok_s"] == pytest.approx(5.6e8 / (50 * MIB))
+    # no result at the cell's capacity: no limit, and a warning naming the slots to replay
+    other = replay_json(tmp_path / "o.json", [("belady", 2, [1.0, 1.0])])
+    cells = with_belady(drive_cells([load_measured(rep)]), [load_replay(other)])
+    assert cell(cells, "nvme", HALF).retention_limit_tok_s is None
+    assert "no Belady result at 4 slots per layer" in caplog.text
+    # the first replay with the capacity serves the cell
+    cells = with_belady(drive_cells([load_measured(rep)]), [load_replay(other), load_replay(replay)])
+    assert cell(cells, "nvme", HALF).belady_floor_bytes == pytest.approx(50 * MIB)
+    # without --replay the table is as before
+    rc, out, _ = run(capsys, rep)
+    assert "retention-aware limit**: tok/s" not in out
+
+
+def test_a_bad_replay_is_exit_2(capsys, tmp_path, matrix):
+    (tmp_path / "partial.json").write_text('{"results": [')
+    rc, _, err = run(capsys, matrix, "--replay", tmp_path / "partial.json")
+    assert rc == EXIT_USAGE and "--replay" in err and "not JSON" in err
+    rc, _, err = run(capsys, matrix, "--replay", matrix)  # a bench report, not a replay
+    assert rc == EXIT_USAGE and "not an onebit-stats replay --json" in err
+    lru = replay_json(tmp_path / "lru.json", [("lru", 4, [1.0, 1.0])])
+    rc, _, err = run(capsys, matrix, "--replay", lru)
+    assert rc == EXIT_USAGE and "no belady result" in err
+
+
+def test_the_split_is_drawn_as_stacked_bars_beside_the_limits():
+    pytest.importorskip("matplotlib")
+    from onebit_predict.costmodel.plot import drive_split_figure
+
+    cells = [
+        ("2.7 MiB, 50 %", [(20.0, 80.0), None, (30.0, 50.0)], 20.0, 15.0),
+        ("2.7 MiB, 25 %", [(25.0, 100.0), (40.0, 10.0), None], None, None),
+    ]
+    fig = drive_split_figure(["patched off", "route", "block + read"], cells, "t")
+    try:
+        ax = fig.axes[0]
+        bars = [[(p.get_x(), p.get_y(), p.get_height()) for p in c.patches] for c in ax.containers]
+        assert len(bars) == 4  # compute and waiting per cell
+        assert [h for _, _, h in bars[0]] == [20.0, 30.0] and [y for _, y, _ in bars[0]] == [0.0, 0.0]
+        assert [(y, h) for _, y, h in bars[1]] == [(20.0, 80.0), (30.0, 50.0)]  # waiting on top of compute
+        assert [(y, h) for _, y, h in bars[3]] == [(25.0, 100.0), (40.0, 10.0)]
+        assert [x for x, _, _ in bars[0]] == [x for x, _, _ in bars[1]]
+        lines = {line.get_label(): line.get_ydata()[0] for line in ax.get_lines()}
+        assert lines == {"2.7 MiB, 50 %: physical limit": 20.0, "2.7 MiB, 50 %: retention-aware limit": 15.0}
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_png_dir_draws_the_split_only_where_a_report_has_it(capsys, tmp_path):
+    pytest.importorskip("matplotlib")
+    rep = report(tmp_path / "s.json", split_rows())
+    rc, _, err = run(capsys, rep, "--png-dir", tmp_path / "png")
+    assert rc == EXIT_OK, err
+    assert sorted(p.name for p in (tmp_path / "png").iterdir()) == [
+        "native-128.png", "nvme-time.png", "nvme.png", "sata.png"
+    ]  # fmt: skip
+    assert (tmp_path / "png" / "nvme-time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # a report written before the split (docs/measured): its table and plots as before, nothing more
+    old = Path(__file__).resolve().parent.parent / "docs" / "measured" / "drives-route-w21504-nvme25.json"
+    rc, out, err = run(capsys, old, "--png-dir", tmp_path / "old")
+    assert rc == EXIT_OK, err
+    assert "Per decoded token" not in out and "retention-aware" not in out
+    assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["nvme.png"]

@@ -20,6 +20,7 @@ from onebit_predict.constants import (
     ENV_OUT,
     ENV_PREFETCH,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_ROUTE,
     ENV_STATS,
     EXIT_OK,
     PREFETCH_ADVISE,
@@ -82,7 +83,13 @@ def test_route_time_reads_the_routed_experts_alone(tiny_model, tmp_path, capfd):
     from onebit_predict.llama.runner import llama
 
     path = tiny_model("qwen3moe")
-    env = {ENV_OUT: str(tmp_path / "t.bin"), "ONEBIT_MOE_PREFETCH_ROUTE": "1", "ONEBIT_MOE_PREFETCH_RANDOM": "1"}
+    # the room rule off: here the model fits, and route would idle (the room rule's "fits")
+    env = {
+        ENV_OUT: str(tmp_path / "t.bin"),
+        "ONEBIT_MOE_PREFETCH_ROUTE": "1",
+        "ONEBIT_MOE_PREFETCH_RANDOM": "1",
+        "ONEBIT_MOE_PREFETCH_ROOM": "0",
+    }
     with Model(path) as model:
         pages = ExpertPages(path)
         pages.random_access()
@@ -119,6 +126,15 @@ def test_no_mmap_turns_the_consumer_off_with_a_notice(tiny_model, tmp_path, capf
     assert "not mmapped from the model file" in err and "prefetch off" in err
     assert (trace.header.prefetch_mode, trace.header.prefetch_totals) == (PREFETCH_OFF, None)
     assert "records off" in consumer_problem(trace, "read")
+
+
+def test_route_alone_without_mmap_names_the_route_knob(tiny_model, tmp_path, capfd):
+    """Route alone sets neither ONEBIT_MOE_PREDICT nor ONEBIT_MOE_PREFETCH (its call, read, is a default):
+    the notice names the knob that was set."""
+    run(tiny_model("qwen3moe"), tmp_path / "t.bin", {ENV_PREFETCH_ROUTE: "1"}, use_mmap=False)
+    err = capfd.readouterr().err
+    assert "onebit: ONEBIT_MOE_PREFETCH_ROUTE=1: no layer can be prefetched; prefetch off" in err, err
+    assert "ONEBIT_MOE_PREFETCH=" not in err and "ONEBIT_MOE_PREDICT " not in err, err
 
 
 def test_consumer_needs_a_predictor(tiny_model, tmp_path, capfd):

@@ -9,6 +9,7 @@ at a temporary sysfs tree; only the discovery of this machine's own model file r
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from onebit_predict.commands.bench import main as bench_main
-from onebit_predict.constants import EXIT_USAGE
+from onebit_predict.constants import EXIT_USAGE, READ_AHEAD_KB_MAX
 from onebit_predict.llama import read_ahead
 from onebit_predict.llama.read_ahead import (
     DriveSetting,
@@ -30,6 +31,7 @@ from onebit_predict.llama.read_ahead import (
     block_device,
     read_ahead_value,
 )
+from onebit_predict.llama.run_state import journal
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "qwen3moe-tiny.gguf"
@@ -138,9 +140,34 @@ def test_a_filesystem_without_a_block_device(tmp_path, monkeypatch):
 
 def test_values_are_whole_pages():
     assert read_ahead_value("128") == 128 and read_ahead_value("0") == 0
+    assert read_ahead_value(str(READ_AHEAD_KB_MAX)) == READ_AHEAD_KB_MAX == 1 << 20
     for bad in ("-4", "130", "big", "1.5"):
         with pytest.raises(ValueError):
             read_ahead_value(bad)
+    # what a bdi takes and reads back rounded down to pages (999999996), or a block device refuses (2^32)
+    for bad in ("999999999", "999999996", str(1 << 32), str(READ_AHEAD_KB_MAX + 4)):
+        with pytest.raises(ValueError, match=r"read_ahead_kb is 0\.\.1048576 \(1 GiB\) and a multiple of"):
+            read_ahead_value(bad)
+
+
+def test_the_value_found_is_recorded_before_it_is_changed(tmp_path, caplog):
+    """In a run's journal (llama/run_state.py): the value found is in the state file on entry, before any
+    write of another; the log says a kill -9 is taken care of; dropped once restored. A file that goes
+    with a mount (recorded=False) is not recorded."""
+    f = _ra_file(tmp_path)
+    (tmp_path / "bdi").mkdir()
+    bdi = _ra_file(tmp_path / "bdi")
+    with caplog.at_level(logging.INFO, logger="onebit_predict"), journal("onebit-bench", tmp_path / "state") as state:
+        with ReadAhead(f, "vdz") as ra:
+            assert json.loads(state.path.read_text())["settings"] == {str(f): "8192"}
+            ra.set(128)
+        assert json.loads(state.path.read_text())["settings"] == {}
+        with ReadAhead(bdi, recorded=False) as ra:
+            ra.set(256)
+            assert json.loads(state.path.read_text())["settings"] == {}
+    assert not state.path.exists()
+    assert "set to 128 (found 8192; recorded: after a kill -9, the next onebit-bench run puts it back)" in caplog.text
+    assert "set to 256 (found 8192; if this process is killed: echo 8192 >" in caplog.text
 
 
 # --- set and restored on every exit path ------------------------------------------------------
@@ -272,6 +299,9 @@ def test_the_bench_refuses_before_the_build(tmp_path, monkeypatch, capsys):
         (["--read-ahead-kb", "128"], "is a dimension of --memory-limit"),
         (["--memory-limit", "64MiB", "--read-ahead-kb", "130"], "multiple of"),
         (["--memory-limit", "64MiB", "--read-ahead-kb", "128,"], "empty item"),
+        (["--memory-limit", "64MiB", "--read-ahead-kb", "999999999"], "0..1048576 (1 GiB)"),
+        (["--memory-limit", "64MiB", "--read-ahead-kb", "128,8192,128"], "gives 128 twice"),
+        (["--memory-limit", "64MiB", "--read-ahead-kb", "128,0128"], "gives 128 twice"),
     ]
     for extra, message in cases:
         assert bench_main([str(model), *extra]) == EXIT_USAGE, extra

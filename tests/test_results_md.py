@@ -106,6 +106,12 @@ COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
     "of it resident": (mib("already_resident_bytes"), ""),
     "of it resident already": (mib("already_resident_bytes"), ""),
     "failed": (lambda r: r["failed_ranges"], ""),
+    # where a decoded token's time went (a row's decode split, checks/rounds.py decode_split)
+    "compute ms": (lambda r: r["decode"]["compute_ms"], ""),
+    "wait ms": (lambda r: r["decode"]["wait_ms"], ""),
+    "requests/token": (lambda r: r["decode"]["requests"], ""),
+    "mean KiB": (lambda r: r["decode"]["request_kib_mean"] or 0, ""),
+    "room MiB": (lambda r: r["decode"]["room_mib"], ""),
 }
 KEYS = ("limit MiB", "configuration")
 

@@ -44,6 +44,17 @@ the emulator's bytes served and CPU seconds over a run and its CPU seconds while
 the worker decoded (FUSE reads never reach /proc/self/io), the drive's utilisation is over the
 profile's bandwidth. The report records, per drive (:func:`drives_report`), the mount's max_read
 and read_ahead_kb, and the emulator's counters before and after each run.
+
+Where each token's time went, per row (``decode``, costmodel/measured.py ``DecodeSplit``: medians
+over the rounds; checks/worker.py measures it): compute (the decoding thread's CPU, exact with
+``--threads 1``; the process's with more, labelled) and waiting (off CPU: reads, page locks, reclaim
+waits) in ms per token; the read requests the drive served meanwhile (/proc/diskstats of the
+model's device, or the emulator's counters): per token, their mean size, the mean in flight and
+the device's busy share (io_ticks over wall, not ``drive_utilisation``'s bytes over bandwidth);
+the expert-level hit rate of route-time rows; the room rule's last measurement (JSON only).
+
+Prompt processing (``--prompt-tokens``, ``--ubatch``): the same configurations, each prompt length and
+ubatch a run of its own, in rows of their own (checks/bench_prefill.py, the report's ``prefill_rows``).
 """
 
 from __future__ import annotations
@@ -59,14 +70,17 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import ENV_COMPENSATOR, ENV_LEARNED, ENV_OUT, ENV_PREFETCH_DEBUG_ORACLE
+from ..constants import COMPUTE_THREAD, ENV_COMPENSATOR, ENV_LEARNED, ENV_OUT, ENV_PREFETCH_DEBUG_ORACLE
+from ..costmodel.measured import DecodeSplit
 from ..costmodel.row_config import DRIVES, NATIVE, RowConfig, from_name
 from ..trace import Trace
 from .bench_cold import RowPlan, pct, trace_figures
-from .rounds import BenchOptions, Config, DriveRun, collect, run_one
+from .bench_prefill import PrefillRow, measure_prefill, prefill_plans, prefill_report, ubatches
+from .rounds import BenchOptions, Config, DriveRun, collect, decode_split, run_one
 
 logger = logging.getLogger("onebit_predict")
 RESIDENT = 0  # a limit of 0: no cgroup, the model read into the page cache first
+SCRATCH_PREFIX = ".onebit-drive-"  # llama/drive.py measure_drive's scratch file, next to the model
 OFF = RowConfig().name
 ORACLE = RowConfig("router", "advise", oracle=True).name  # "oracle + advise"
 
@@ -236,7 +250,9 @@ def drives_mounted(
                 m.max_read,
                 m.read_ahead_kb,
             )
-            ra = stack.enter_context(ReadAhead(m.bdi / "read_ahead_kb", f"the {name} mount")) if read_ahead_kb else None
+            # not recorded for a later run: the bdi goes with the mount, and a later mount may take its number
+            bdi_ra = ReadAhead(m.bdi / "read_ahead_kb", f"the {name} mount", recorded=False)
+            ra = stack.enter_context(bdi_ra) if read_ahead_kb else None
             drives[name] = DriveRun(name, m.path, ra, m)
         yield drives
 
@@ -356,6 +372,7 @@ class MemoryRow:
     # route-time rows: the bytes per decoded token the routed experts lacked in the page cache when routed
     # (median over the rounds); the route-alone row's is the cell's floor (docs/results.md)
     route_missing_per_token: float | None = None
+    decode: DecodeSplit | None = None  # where its tokens' time went, per token (the module docstring)
 
 
 def measure_memory(
@@ -410,6 +427,7 @@ def measure_memory(
                     _median(
                         [None if s.route_missing_bytes is None else s.route_missing_bytes / opts.generate for s in got]
                     ),
+                    decode_split(got, opts.generate),
                 )  # fmt: skip
             )
     return rows
@@ -437,39 +455,49 @@ def run_memory(
     row_names: Sequence[str] | None = None,
     learned: Path | None = None,
     compensator: Path | None = None,
-) -> tuple[list[MemoryRow], dict[str, Any], str]:
+    prompt_tokens: Sequence[int] | None = None,
+    ubatch: Sequence[int] | None = None,
+    expert_bytes: int = 0,
+) -> tuple[list[MemoryRow], list[PrefillRow], dict[str, Any], str]:
     """``onebit-bench --memory-limit``'s run: the cgroup proven makeable (CgroupError, exit 2), the native
     drive measured, its read_ahead_kb set per run through ``setting`` (llama/read_ahead.py
     ``DriveSetting``), the emulated drives of ``drive_names`` mounted before any worker joins its
-    cgroup, then every configuration at every limit, value and drive (:func:`measure_memory`).
-    Returns the rows, the report's fields (beside the rows) and the table header's words on the drives."""
+    cgroup, then every configuration at every limit, value and drive (:func:`measure_memory`), and with
+    ``prompt_tokens`` each of them once more per prompt and ubatch (checks/bench_prefill.py; its floor
+    from the model's ``expert_bytes``). Returns the decode rows, the prefill rows, the report's fields
+    (beside the rows) and the table header's words on the drives."""
     import os
-    import tempfile
 
     from ..grow.gguf_keys import arch_value
+    from ..llama import run_state
     from ..llama.cgroup import MemoryCgroup
     from ..llama.drive import measure_drive
 
     for limit in [n for n in limits if n][:1]:
         MemoryCgroup(f"onebit-bench-probe-{os.getpid()}", limit).remove()  # CgroupError (exit 2) says why not
-    drive = measure_drive(model.resolve().parent)
+    with run_state.scratch(model.resolve().parent, SCRATCH_PREFIX):  # its 256 MiB file, if this run is killed
+        drive = measure_drive(model.resolve().parent)
     n_expert = int(arch_value(model, "expert_count"))
     with (
-        tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp,
+        run_state.temp_dir("onebit-bench-") as tmp,
         setting.applied() as read_ahead,
         drives_mounted(model, drive_names, read_ahead_kb, read_ahead) as drives,  # before any worker's cgroup
     ):
         plans = memory_configs(Path(tmp), n_expert, read_ahead_kb, drive_names, row_names, learned, compensator)
         run_opts = replace(opts, read_ahead=read_ahead, drives=drives)
         rows = measure_memory(model, plans, lib, run_opts, limits, drive.bandwidth_mb_s)
+        us = ubatches(prompt_tokens, ubatch)
+        pre = prefill_plans(plans, prompt_tokens or (), us)
+        prefill = measure_prefill(model, pre, lib, run_opts, limits, expert_bytes) if pre else []
     extra = {"memory_limits": list(limits), **setting.report(asdict(drive))}
     extra |= {"read_ahead_kb": None if not read_ahead_kb else list(read_ahead_kb)}
     extra["drives"] = drives_report(drives, model)
     extra["compensator"] = None if compensator is None else str(compensator)
+    extra |= prefill_report(prefill, prompt_tokens or (), us)
     words = f"{setting.text()}, {drive.bandwidth_mb_s:.0f} MB/s sequential{drives_text(drives)}"
     if compensator is not None:
         words += f", every row with the compensator {compensator.name}"
-    return rows, extra, words
+    return rows, prefill, extra, words
 
 
 def require_odd_rounds(rounds: int) -> None:
@@ -488,8 +516,9 @@ def markdown_memory(rows: Sequence[MemoryRow], header: str) -> str:
         "",
         "| limit MiB | configuration | decode tok/s (median) | min | max | vs patched off | vs consumer off "
         "| MiB read/token | major faults/token | drive busy | read recall | experts prefetched | MiB prefetched "
-        "| of it resident | failed | MiB missing at route time/token | emulator CPU s/run (decoding) |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| of it resident | failed | MiB missing at route time/token | emulator CPU s/run (decoding) "
+        f"| {' | '.join(DECODE_COLUMNS)} |",
+        "|---:|---|" + "---:|" * (15 + len(DECODE_COLUMNS)),
     ]
     for r in rows:
         lines.append(
@@ -497,9 +526,41 @@ def markdown_memory(rows: Sequence[MemoryRow], header: str) -> str:
             f"{r.max_tok_s:.2f} | {r.ratio_to_off:.3f} | {r.ratio_to_consumer_off:.3f} | {r.read_mib_per_token:.2f} | "
             f"{r.major_faults_per_token:.1f} | {pct(r.drive_utilisation)} | {pct(r.read_recall)} | "
             f"{r.prefetched_experts} | {r.prefetched_bytes / 2**20:.1f} | {r.already_resident_bytes / 2**20:.1f} | "
-            f"{r.failed_ranges} | {_mib(r.route_missing_per_token)} | {_cpu(r)} |"
+            f"{r.failed_ranges} | {_mib(r.route_missing_per_token)} | {_cpu(r)} | "
+            f"{' | '.join(decode_cells(r.decode))} |"
         )
-    return "\n".join(lines)
+    return "\n".join([*lines, "", DECODE_NOTE])
+
+
+DECODE_COLUMNS = ("compute ms", "wait ms", "requests/token", "mean KiB", "in flight", "busy %", "expert hit %")
+DECODE_NOTE = (
+    "Per decoded token: compute ms, the decoding thread's CPU (with --threads 1; marked (process): the process's "
+    "CPU, every thread's, no wait separable), faults and reclaim in it included; wait ms, the rest of its wall "
+    "time, off CPU (reads, page locks, reclaim waits). Requests: the reads the drive served meanwhile "
+    "(/proc/diskstats of the model's device, or the emulator's counters), their mean size, the mean in flight "
+    "(weighted ms / wall) and busy % (io_ticks / wall; diskstats only). Expert hit: the share of the routed "
+    "experts' bytes resident when routed (route-time rows only)."
+)
+
+
+def decode_cells(d: DecodeSplit | None) -> list[str]:
+    """A row's DECODE_COLUMNS ("-" where it has no figure: a report before them, a drive without times)."""
+    if d is None:
+        return ["-"] * len(DECODE_COLUMNS)
+    compute = f"{d.compute_ms:.1f}" + ("" if d.compute_basis == COMPUTE_THREAD else f" ({d.compute_basis})")
+    return [
+        compute,
+        _fmt(d.wait_ms, ".1f"),
+        _fmt(d.requests, ".1f"),
+        _fmt(d.request_kib_mean, ".0f"),
+        _fmt(d.in_flight, ".2f"),
+        pct(d.busy),
+        pct(d.expert_hit),
+    ]
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def _mib(n: float | None) -> str:

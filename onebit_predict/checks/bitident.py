@@ -36,6 +36,7 @@ from ..constants import (
     ENV_MODE,
     ENV_OUT,
     ENV_PREFETCH,
+    ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
     MODE_NAMES,
     PREFETCH_NAMES,
@@ -221,6 +222,8 @@ def run_env(mode: str, trace: Path | None, leak: bool, learned: Path | None = No
     env[ENV_AHEAD] = str(mode_ahead(mode)) if "@" in mode else None
     env[ENV_PREFETCH] = consumer
     env[ENV_PREFETCH_ROUTE] = "1" if mode_route(mode) else None
+    # the room rule off with route: resident, the model fits and route would idle, reading nothing
+    env[ENV_PREFETCH_ROOM] = "0" if mode_route(mode) else None
     env[ENV_OUT] = str(trace) if trace else None
     env[ENV_DEBUG_LEAK] = DEBUG_LEAK_UNCHECKED if leak else None
     env[ENV_LEARNED] = str(learned) if predictor == "learned" and learned is not None else None

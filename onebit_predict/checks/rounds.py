@@ -20,6 +20,20 @@ emulator's counters are taken just before the worker starts and just after it ex
 ``DriveRun.runs``, the report's record of every run), and the worker takes them around its decode
 too: FUSE reads never reach the block layer, so /proc/self/io counts none of them, and the bytes the
 emulator served while the worker decoded are the run's bytes read.
+
+Each run's worker also times its decode's compute and waiting, counts the read requests its drive
+served meanwhile and the route-time op's resident bytes (checks/worker.py); :func:`decode_split`
+turns a configuration's runs into the medians of their per-token figures (costmodel/measured.py
+``DecodeSplit``, a memory row's ``decode``).
+
+A configuration with ``prompt_tokens`` (``--prompt-tokens``, checks/bench_prefill.py) runs a prefill
+instead: its worker times a prompt of that many tokens in calls of ``ubatch``, decodes nothing, and its
+Sample is the prompt's (``tok_s`` the prompt's tokens per second, every counter over the prompt).
+
+A worker that dies of a signal is named by the signal (``killed by SIGBUS``), not by the last line
+it wrote to stderr, which says nothing of it; one that dies of SIGBUS while its row reads from an
+emulated drive whose emulator is gone or whose mount is down is "the emulated drive stopped": a
+fault on a mapping of a FUSE file whose server is gone is a SIGBUS.
 """
 
 from __future__ import annotations
@@ -27,13 +41,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
+import statistics
 import subprocess
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..constants import COMPUTE_THREAD
+from ..costmodel.measured import DecodeSplit
+from ..llama.diskstats import ReadRequests
 from ..llama.paths import NotBuiltError
 
 logger = logging.getLogger("onebit_predict")
@@ -42,7 +61,31 @@ WORKER_MODULE = "onebit_predict.commands.bench_worker"  # the worker's entry poi
 
 
 class WorkerError(RuntimeError):
-    """A worker process failed (its exit code and the end of its stderr)."""
+    """A worker process failed (its exit code and the end of its stderr, or the signal that killed it)."""
+
+    def __init__(self, message: str, returncode: int | None = None) -> None:
+        super().__init__(message)
+        self.returncode = returncode  # the worker's (negative: killed by that signal); None: it ran, but wrongly
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+def signal_name(signum: int) -> str:
+    """``SIGBUS`` for 7 (``signal 99`` for one Python does not know)."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def worker_failure(what: str, returncode: int, stderr: str) -> WorkerError:
+    """The WorkerError of a worker that exited ``returncode``: killed by a signal, the signal's name (its
+    stderr's last line says nothing of why it died); otherwise the end of its stderr."""
+    if returncode < 0:
+        return WorkerError(f"{what}: killed by {signal_name(-returncode)}", returncode)
+    return WorkerError(f"{what} ({returncode}): {stderr.strip()[-400:]}", returncode)
 
 
 @dataclass(frozen=True)
@@ -53,6 +96,8 @@ class Config:
     evict: bool = True  # --cold: evict the expert pages before every token (False: the warm reference)
     read_ahead_kb: int | None = None  # --memory-limit: the drive's read_ahead_kb for this run (None: as found)
     drive: str | None = None  # --drive: the BenchOptions.drives entry it reads the model from (None: as given)
+    prompt_tokens: int | None = None  # --prompt-tokens: the run times a prompt of this many tokens, not the decode
+    ubatch: int | None = None  # ... in calls of this many tokens (n_batch = n_ubatch)
 
     def __post_init__(self) -> None:
         if self.pristine and self.env:
@@ -103,6 +148,12 @@ class Sample:
     drive_cpu_s: float | None = None  # ... the emulator's CPU seconds over the whole run (it competes with the decode)
     drive_decode_cpu_s: float | None = None  # ... the emulator's CPU seconds while the worker decoded
     route_missing_bytes: int | None = None  # route time: what the routed experts lacked in the page cache when routed
+    route_resident_bytes: int | None = None  # ... what they had resident already
+    cpu_s: float | None = None  # the decode's CPU seconds: the decoding thread's (cpu_basis COMPUTE_THREAD), else all
+    cpu_basis: str | None = None
+    reads: ReadRequests | None = None  # the read requests the drive served while it decoded (None: not counted)
+    room_bytes: int | None = None  # the room rule's last measurement after the decode (-1: unknown)
+    room_need_bytes: int | None = None
 
 
 def worker_env(lib_dir: Path) -> dict[str, str]:
@@ -118,7 +169,7 @@ def worker_json(cmd_args: Sequence[str], lib_dir: Path, what: str) -> dict:
     cmd = [sys.executable, "-m", WORKER_MODULE, *cmd_args]
     proc = subprocess.run(cmd, env=worker_env(lib_dir), capture_output=True, text=True)
     if proc.returncode != 0:
-        raise WorkerError(f"{what} ({proc.returncode}): {proc.stderr.strip()[-400:]}")
+        raise worker_failure(what, proc.returncode, proc.stderr)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -145,6 +196,7 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         cmd += ["--no-extra-bufts"]
     if cfg.pristine:
         cmd += ["--pristine"]
+    cmd += prefill_args(cfg)
     group = None
     read_ahead = opts.read_ahead if drive is None else drive.read_ahead
     if cfg.read_ahead_kb is not None:
@@ -166,6 +218,12 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         before = mount.stats()
     try:
         out = worker_json(cmd, lib_dir, f"{cfg.name}: the worker failed")
+    except WorkerError as e:
+        if mount is not None and e.signal == signal.SIGBUS and (down := mount.down()) is not None:
+            raise WorkerError(
+                f"{cfg.name}: the emulated drive stopped (SIGBUS in the worker; {down})", e.returncode
+            ) from None
+        raise
     finally:
         if group is not None:
             group.remove()
@@ -179,6 +237,12 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         out["major_faults"],
         out["seconds"],
         route_missing_bytes=out.get("route_missing_bytes"),
+        route_resident_bytes=out.get("route_resident_bytes"),
+        cpu_s=out.get("cpu_s"),
+        cpu_basis=out.get("cpu_basis"),
+        reads=None if out.get("reads") is None else ReadRequests(**out["reads"]),
+        room_bytes=out.get("room_bytes"),
+        room_need_bytes=out.get("room_need_bytes"),
     )
     if mount is None:
         return sample
@@ -194,6 +258,13 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         drive_cpu_s=run.serve_cpu_s,
         drive_decode_cpu_s=out["drive_cpu_s"],
     )
+
+
+def prefill_args(cfg: Config) -> list[str]:
+    """The worker's arguments of a prefill configuration (none for a decode one)."""
+    if cfg.prompt_tokens is None:
+        return []
+    return ["--prefill", str(cfg.prompt_tokens)] + ([] if cfg.ubatch is None else ["--ubatch", str(cfg.ubatch)])
 
 
 def _drive(cfg: Config, opts: BenchOptions) -> DriveRun | None:
@@ -238,3 +309,67 @@ def collect(
             samples[cfg.name].append(run_one(model, cfg, lib_dir, opts))
             logger.info("round %d/%d %s: %.1f tok/s", rnd + 1, opts.rounds, cfg.name, samples[cfg.name][-1].tok_s)
     return samples
+
+
+# --- where the decoded tokens' time went (a memory row's ``decode``) ----------------------------
+
+
+def split_ms(seconds: float, cpu_s: float, basis: str, tokens: int) -> tuple[float, float | None]:
+    """(compute, waiting) ms per token of a decode of ``tokens`` that took ``seconds`` of wall time and
+    ``cpu_s`` of CPU: waiting is wall less compute for the decoding thread's own CPU (COMPUTE_THREAD),
+    None for the process's (several threads' CPU is no share of one thread's wall time)."""
+    compute = 1e3 * cpu_s / tokens
+    if basis != COMPUTE_THREAD:
+        return compute, None
+    return compute, max(0.0, 1e3 * seconds / tokens - compute)  # clock reads apart by microseconds
+
+
+def expert_hit_rate(resident: int | None, missing: int | None) -> float | None:
+    """The share of the routed experts' bytes resident when routed (None: no route time, nothing routed)."""
+    if resident is None or missing is None or resident + missing <= 0:
+        return None
+    return resident / (resident + missing)
+
+
+def _mib(n: int | None) -> float | None:
+    return None if n is None or n < 0 else n / 2**20  # the room rule's -1: unknown
+
+
+def run_split(s: Sample, tokens: int) -> DecodeSplit | None:
+    """One run's figures per decoded token (None: a worker that timed no CPU)."""
+    if s.cpu_s is None or not tokens:
+        return None
+    compute, wait = split_ms(s.seconds, s.cpu_s, s.cpu_basis or COMPUTE_THREAD, tokens)
+    r = s.reads
+    return DecodeSplit(
+        compute,
+        wait,
+        s.cpu_basis or COMPUTE_THREAD,
+        None if r is None else r.source,
+        None if r is None else r.requests / tokens,
+        None if r is None or r.mean_bytes is None else r.mean_bytes / 1024,
+        None if r is None or r.largest_bytes is None else r.largest_bytes / 1024,
+        None if r is None else r.largest_is,
+        None if r is None else r.mean_ms,
+        None if r is None else r.in_flight,
+        None if r is None else r.busy,
+        expert_hit_rate(s.route_resident_bytes, s.route_missing_bytes),
+        _mib(s.room_bytes),
+        _mib(s.room_need_bytes),
+    )
+
+
+def decode_split(samples: Sequence[Sample], tokens: int) -> DecodeSplit | None:
+    """The median over the runs of each per-token figure (:func:`run_split`); a figure any run lacks is
+    None, a word (the basis, the source) the first run's. None where a run timed no CPU."""
+    runs = [run_split(s, tokens) for s in samples]
+    if not runs or any(r is None for r in runs):
+        return None
+    out: dict[str, Any] = {}
+    for f in fields(DecodeSplit):
+        values = [getattr(r, f.name) for r in runs]
+        if any(v is None for v in values):
+            out[f.name] = None
+        else:
+            out[f.name] = values[0] if isinstance(values[0], str) else statistics.median(values)
+    return DecodeSplit(**out)

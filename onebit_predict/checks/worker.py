@@ -14,6 +14,24 @@ the emulator's counters just before the first timed decode and just after the la
 (drive/emudrive.py ``snapshot``): ``drive_read_bytes`` (the bytes served while it decoded: FUSE
 reads never reach the block layer, so ``read_bytes`` from /proc/self/io is 0 there) and
 ``drive_cpu_s`` (the emulator's CPU seconds meanwhile, taken from the cores the decode runs on).
+
+Where each token's time goes: ``cpu_s`` sums the CPU time around each decode call. With one
+thread (``cpu_basis`` COMPUTE_THREAD) it is this thread's own (``time.thread_time``): llama.cpp's
+CPU backend computes a one-thread graph on the calling thread, so that is the compute, the
+kernel's fault handling and reclaim in that thread included, and the rest of the wall time is the
+thread off CPU (waiting on reads, page locks, reclaim). With more threads it is the process's
+(``time.process_time``, COMPUTE_PROCESS): every compute thread and the consumer's workers together,
+no split of the wall time. ``reads`` (llama/diskstats.py ``ReadRequests``) are the read requests the
+drive served over the decode loop: /proc/diskstats of the model's block device, or the emulated
+drive's counters. ``route_resident_bytes`` (route time: the routed experts' bytes resident when
+routed, over the decode) beside ``route_missing_bytes``; ``room_bytes`` and ``room_need_bytes``, the
+room rule's last measurement after the decode (-1: unknown).
+
+With ``prefill`` (``onebit-bench --prompt-tokens``, checks/bench_prefill.py) the run processes a prompt of
+that many tokens instead, in calls of ``ubatch`` tokens (n_batch = n_ubatch = ubatch, n_ctx holding the
+prompt), and decodes nothing after it: ``tok_s`` is the prompt's tokens over the wall time of its decode
+calls, and every counter above (bytes read, faults, requests, CPU, route time) is taken around them. The
+prompt's tokens: ``text_file``'s bytes, repeated to the length, else the built-in stream.
 """
 
 from __future__ import annotations
@@ -23,11 +41,15 @@ import os
 import re
 import resource
 import time
+from collections.abc import Callable, Sequence
 from contextlib import redirect_stderr
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from ..constants import COMPUTE_PROCESS, COMPUTE_THREAD, LARGEST_SEEN, PREFILL_CTX_SLACK, PROC_DISKSTATS
 from ..llama.cgroup import io_read_bytes
+from ..llama.diskstats import ReadRequests, model_disk, read_diskstats
 
 COMPUTE_BUFFER = re.compile(r"(\S+) compute buffer size = +([0-9.]+) MiB")
 EVICT_SETTLE_S = 0.02  # --cold: untimed wait before each eviction, for asynchronous readahead to finish
@@ -46,6 +68,8 @@ class WorkerOptions:
     extra_bufts: bool = True  # llama.cpp's extra buffer types (runner.Model)
     pristine: bool = False  # LLAMA_CPP_LIB_PATH is the unpatched pin's libllama: no onebit_* call, no knob
     drive_stats: tuple[int, Path] | None = None  # an emulated drive: its emulator's pid and stats file
+    prefill: int | None = None  # process a prompt of this many tokens (and decode none), timed
+    ubatch: int | None = None  # ... in calls of this many (n_batch = n_ubatch); None: the whole prompt in one
 
 
 def detect_eviction(model: Path) -> dict:
@@ -79,12 +103,104 @@ def _stats(ctx, opts: WorkerOptions) -> dict[str, int] | None:
     return context_stats(llama(), ctx.ptr)
 
 
-def _route_missing(before: dict[str, int] | None, after: dict[str, int] | None) -> int | None:
-    """The bytes the routed experts lacked in the page cache when routed, between two counts (None without
-    route time)."""
+def _route_counter(before: dict[str, int] | None, after: dict[str, int] | None, name: str) -> int | None:
+    """A route-time counter's growth between two counts (None without route time)."""
     if not (before and after and before["route"]):
         return None
-    return after["route_bytes"] - before["route_bytes"]
+    return after[name] - before[name]
+
+
+def cpu_clock(threads: int) -> tuple[Callable[[], float], str]:
+    """The CPU clock of the decode's compute and its basis: one thread, the calling thread's own (the
+    CPU backend computes a one-thread graph on the thread that calls llama_decode); more, the process's."""
+    return (time.thread_time, COMPUTE_THREAD) if threads == 1 else (time.process_time, COMPUTE_PROCESS)
+
+
+class ReadCounter:
+    """The read requests the model's drive serves between :meth:`start` and :meth:`stop`: the emulated
+    drive's counters where the model is on one, else /proc/diskstats of its block device (None where it
+    has none: tmpfs, FUSE without the emulator's counters)."""
+
+    def __init__(self, model: Path, drive_stats: tuple[int, Path] | None, diskstats: str | Path = PROC_DISKSTATS):
+        self.drive_stats, self.diskstats = drive_stats, Path(diskstats)
+        self.disk = None if drive_stats is not None else model_disk(model)
+        self._t0, self._disk0, self._drive0 = 0.0, None, None
+
+    def start(self) -> None:
+        self._drive0 = _drive_snapshot(self.drive_stats)
+        self._disk0 = None if self.disk is None else read_diskstats(self.disk.names, self.diskstats)
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> tuple[ReadRequests | None, Any]:
+        """(the requests, the emulated drive's counters over the interval: drive/emudrive.py DriveStats or None)."""
+        wall = time.perf_counter() - self._t0
+        if self._drive0 is not None:
+            d = _drive_snapshot(self.drive_stats).minus(self._drive0)
+            return ReadRequests("emulated", d.requests, d.bytes, wall, d.max_request, LARGEST_SEEN), d
+        after = None if self.disk is None else read_diskstats(self.disk.names, self.diskstats)
+        if after is None or self._disk0 is None or after.name != self._disk0.name:
+            return None, None
+        return ReadRequests.of_disk(after.minus(self._disk0), wall, self.disk.max_sectors_kb), None
+
+
+class Span:
+    """What the drive, this process and the consumer did between its making and :meth:`stop`: the bytes
+    read (all threads), the major faults, the read requests and the route-time and room counters."""
+
+    def __init__(self, ctx, opts: WorkerOptions) -> None:
+        self.ctx, self.opts = ctx, opts
+        self.counter = ReadCounter(opts.model, opts.drive_stats)
+        self.counter.start()
+        self.stats0 = _stats(ctx, opts)
+        self.read0, self.faults0 = io_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+
+    def stop(self) -> dict[str, Any]:
+        read_bytes = io_read_bytes() - self.read0
+        major_faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - self.faults0
+        reads, drive = self.counter.stop()
+        stats1 = _stats(self.ctx, self.opts)
+        return {
+            "read_bytes": read_bytes,
+            "major_faults": major_faults,
+            "drive_read_bytes": None if drive is None else drive.bytes,
+            "drive_cpu_s": None if drive is None else drive.serve_cpu_s,
+            # route time (the consumer's route-time op): what the timed tokens' routed experts lacked when routed
+            "route_missing_bytes": _route_counter(self.stats0, stats1, "route_bytes"),
+            "route_resident_bytes": _route_counter(self.stats0, stats1, "route_resident"),
+            "reads": None if reads is None else asdict(reads),
+            "room_bytes": None if stats1 is None else stats1["room_bytes"],
+            "room_need_bytes": None if stats1 is None else stats1["room_need_bytes"],
+        }
+
+
+def run_tokens(text_file: Path | None, n: int, n_vocab: int) -> list[int]:
+    """A run's n tokens: text_file's bytes (byte-level models: a byte is its own token id), repeated to
+    reach n, else the built-in stream."""
+    from ..llama.runner import builtin_tokens
+
+    if text_file is None:
+        return builtin_tokens(n, n_vocab, 0)
+    data = text_file.read_bytes()
+    if not data:
+        raise ValueError(f"--text-file {text_file} is empty")
+    return list((data * -(-n // len(data)))[:n])
+
+
+def timed_prefill(ctx, opts: WorkerOptions, toks: Sequence[int]) -> tuple[float, float, str, dict[str, Any]]:
+    """(wall seconds, CPU seconds, its basis, the Span's counters) of the prompt ``toks`` decoded in calls
+    of ``opts.ubatch`` tokens, each call's last token's logits wanted (as llama_batch_get_one asks)."""
+    n = len(toks)
+    step = opts.ubatch or n
+    elapsed = cpu = 0.0
+    clock, basis = cpu_clock(opts.threads)
+    span = Span(ctx, opts)
+    for start in range(0, n, step):
+        chunk = list(toks[start : start + step])
+        t0, c0 = time.perf_counter(), clock()
+        ctx.decode(chunk, range(start, start + len(chunk)), [0] * len(chunk), [False] * (len(chunk) - 1) + [True])
+        cpu += clock() - c0
+        elapsed += time.perf_counter() - t0
+    return elapsed, cpu, basis, span.stop()
 
 
 def mapped_libllama() -> str | None:
@@ -103,7 +219,7 @@ def run_worker(opts: WorkerOptions) -> dict:
     """``{"tok_s", "compute_mib", "n_layer", "resident_after_evict", ..., "patched", "libllama",
     "onebit_symbols"}`` of one run in this process."""
     os.environ["ONEBIT_VERBOSE"] = "1"  # the compute-buffer line is an info log
-    from ..llama.runner import Context, ContextSettings, Model, builtin_tokens, onebit_symbols, patched, use_unpatched
+    from ..llama.runner import Context, ContextSettings, Model, onebit_symbols, patched, use_unpatched
 
     if opts.pristine:
         use_unpatched()
@@ -116,58 +232,64 @@ def run_worker(opts: WorkerOptions) -> dict:
         drop_from_page_cache(opts.model)  # charged to the group that reads it: this one
     with Model(opts.model, extra_bufts=opts.extra_bufts) as model:
         pages = None
-        if opts.cold_method:
+        if opts.cold_method and opts.prefill is None:
             from ..llama.evict import ExpertPages
 
             pages = ExpertPages(opts.model)
             pages.random_access()
-        n_toks = opts.prompt + opts.generate
-        if opts.text_file:  # byte-level models: a byte is its own token id
-            toks = list(opts.text_file.read_bytes()[:n_toks])
+        if opts.prefill is not None:
+            toks = run_tokens(opts.text_file, opts.prefill, model.n_vocab)
+            u = opts.ubatch or opts.prefill
+            settings = ContextSettings(
+                n_ctx=opts.prefill + PREFILL_CTX_SLACK, n_batch=u, n_ubatch=u, n_threads=opts.threads
+            )
         else:
-            toks = builtin_tokens(n_toks, model.n_vocab, 0)
-        settings = ContextSettings(
-            n_ctx=opts.prompt + opts.generate + 8, n_batch=opts.prompt, n_ubatch=opts.prompt, n_threads=opts.threads
-        )
+            toks = run_tokens(opts.text_file, opts.prompt + opts.generate, model.n_vocab)
+            settings = ContextSettings(
+                n_ctx=opts.prompt + opts.generate + 8, n_batch=opts.prompt, n_ubatch=opts.prompt, n_threads=opts.threads
+            )
         with redirect_stderr(captured):
             ctx = Context(model, settings, opts.env)
         with ctx:
-            n = opts.prompt
-            ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
-            elapsed = 0.0
-            left = 0.0 if pages is not None else None
-            drive0 = _drive_snapshot(opts.drive_stats)
-            stats0 = _stats(ctx, opts)
-            read0, faults0 = io_read_bytes(), resource.getrusage(resource.RUSAGE_SELF).ru_majflt
-            for i in range(opts.generate):
-                if pages is not None:
-                    # reads still in flight (madvise readahead) land before the eviction, not after it
-                    time.sleep(EVICT_SETTLE_S)
-                    pages.evict(opts.cold_method)
-                    left = max(left, pages.resident_fraction())
-                t0 = time.perf_counter()
-                ctx.decode([toks[n + i]], [n + i], [0], [True])
-                elapsed += time.perf_counter() - t0
-            read_bytes = io_read_bytes() - read0  # the decoded tokens' reads from the drive, all threads
-            major_faults = resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults0
-            drive = None if drive0 is None else _drive_snapshot(opts.drive_stats).minus(drive0)
-            stats1 = _stats(ctx, opts)
+            left = None
+            if opts.prefill is not None:
+                elapsed, cpu, basis, counted = timed_prefill(ctx, opts, toks)
+                timed = opts.prefill
+            else:
+                n = opts.prompt
+                ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
+                elapsed = cpu = 0.0
+                left = 0.0 if pages is not None else None
+                clock, basis = cpu_clock(opts.threads)
+                span = Span(ctx, opts)
+                for i in range(opts.generate):
+                    if pages is not None:
+                        # reads still in flight (madvise readahead) land before the eviction, not after it
+                        time.sleep(EVICT_SETTLE_S)
+                        pages.evict(opts.cold_method)
+                        left = max(left, pages.resident_fraction())
+                    t0, c0 = time.perf_counter(), clock()
+                    ctx.decode([toks[n + i]], [n + i], [0], [True])
+                    cpu += clock() - c0
+                    elapsed += time.perf_counter() - t0
+                counted = span.stop()  # the decoded tokens' reads from the drive, all threads
+                timed = opts.generate
             if pages is not None:
                 pages.close()
     mib = sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(captured.getvalue()))
-    return {
-        "tok_s": opts.generate / elapsed,
+    out = {
+        "tok_s": timed / elapsed,
         "compute_mib": mib,
         "n_layer": model.n_layer,
         "resident_after_evict": left,
-        "read_bytes": read_bytes,
-        "major_faults": major_faults,
         "seconds": elapsed,
-        "drive_read_bytes": None if drive is None else drive.bytes,
-        "drive_cpu_s": None if drive is None else drive.serve_cpu_s,
-        # route time (the consumer's route-time op): what the decoded tokens' routed experts lacked when routed
-        "route_missing_bytes": _route_missing(stats0, stats1),
+        "cpu_s": cpu,
+        "cpu_basis": basis,
+        **counted,
         "patched": patched(),
         "libllama": mapped_libllama(),
         "onebit_symbols": onebit_symbols(),
     }
+    if opts.prefill is not None:
+        out |= {"prompt_tokens": opts.prefill, "ubatch": opts.ubatch or opts.prefill}
+    return out

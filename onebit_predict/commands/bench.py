@@ -6,7 +6,12 @@
 (commands/bench_worker.py, started by checks/rounds.py); this parser holds only the user's
 options, and every one of them is checked before the build is looked for.
 
-Exit codes: 0 ok, 1 a run failed, 2 usage or input error (commands/common.py).
+What a run changes on the machine (read_ahead_kb, memory cgroups, temporary directories, the emulated
+drive's mounts) is recorded before it is changed (llama/run_state.py), and every run first puts back
+what a run killed by SIGKILL left, one line on stderr each; ``--restore`` does only that.
+
+Exit codes: 0 ok, 1 a run failed (``--restore``: something could not be put back), 2 usage or input
+error, 130 interrupted (commands/common.py).
 """
 
 from __future__ import annotations
@@ -15,30 +20,31 @@ import argparse
 import json
 import logging
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..checks.bench import configs, markdown, measure, require_compensator
 from ..checks.bench_cold import cold_configs, detect_eviction, markdown_cold, measure_cold
-from ..checks.bench_memory import drive_value, require_drives, require_learned, rows_value
+from ..checks.bench_memory import SCRATCH_PREFIX, drive_value, require_drives, require_learned, rows_value
+from ..checks.memory_limits import limit_bytes, limit_text
 from ..checks.rounds import BenchOptions
-from ..constants import EXIT_OK
+from ..constants import EXIT_CHECK_FAILED, EXIT_OK, PREFILL_UBATCH_DEFAULT
+from ..llama import run_state
 from ..llama.paths import build_info, pristine_lib_dir
 from ..llama.read_ahead import DriveSetting, read_ahead_value
 from ..moe_check import require_moe_model
-from ..units import parse_size
 from .common import (
     EPILOG,
     UsageError,
     arg_type,
-    comma_list,
     layer_list,
     model_parent,
     output_parent,
+    positive_int,
     require_file,
     run_command,
+    unique_list,
 )
 
 logger = logging.getLogger("onebit_predict")
@@ -47,6 +53,9 @@ READ_AHEAD = "--memory-limit: run every configuration at each read_ahead_kb (128
 DRIVE = "--memory-limit: run every configuration on each drive: native (the model where it is), nvme, sata (emulated)"
 COMPENSATOR = "a compensator sidecar: warm, one more row with it; --memory-limit: every row with it"
 ROWS = "--memory-limit: the configurations, a set (default, drives) or names separated by ';' (default: default)"
+PROMPT_TOKENS = "--memory-limit: also time a prompt of each length (512,2048), each in runs of its own"
+UBATCH = f"--prompt-tokens: in ubatches of each size (128,512; n_batch = n_ubatch; default {PREFILL_UBATCH_DEFAULT})"
+RESTORE = "put back what runs killed by SIGKILL left (read_ahead_kb, cgroups, temporary directories, mounts), and stop"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -54,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description=__doc__.splitlines()[0],
         epilog=EPILOG,
-        parents=[model_parent(), output_parent(csv=False)],
+        parents=[model_parent(optional=True), output_parent(csv=False)],
     )
+    p.add_argument("--restore", action="store_true", help=RESTORE)
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds (odd, for a clean median)")
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--generate", type=int, default=64)
@@ -73,7 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--memory-limit",
-        type=arg_type(comma_list(_limit_text)),
+        type=arg_type(unique_list(limit_text)),
         metavar="LIMITS",
         help="confine each run to a memory cgroup of this size, a share of the model's expert bytes (50%%) "
         "or a size (160MiB), comma-separated; the kernel's reclaim evicts the experts (needs root)",
@@ -89,9 +99,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="load the weights without llama.cpp's extra buffer types (AMX, repacking): the plain CPU kernels",
     )
-    p.add_argument("--read-ahead-kb", type=arg_type(comma_list(read_ahead_value)), metavar="KB", help=READ_AHEAD)
-    p.add_argument("--drive", type=arg_type(comma_list(drive_value)), metavar="DRIVES", help=DRIVE + "; default native")
+    p.add_argument("--read-ahead-kb", type=arg_type(unique_list(read_ahead_value)), metavar="KB", help=READ_AHEAD)
+    p.add_argument(
+        "--drive", type=arg_type(unique_list(drive_value)), metavar="DRIVES", help=DRIVE + "; default native"
+    )
     p.add_argument("--rows", type=arg_type(rows_value), metavar="ROWS", help=ROWS)
+    p.add_argument("--prompt-tokens", type=arg_type(unique_list(positive_int)), metavar="N", help=PROMPT_TOKENS)
+    p.add_argument("--ubatch", type=arg_type(unique_list(positive_int)), metavar="U", help=UBATCH)
     p.add_argument(
         "--learned", type=Path, metavar="FILE", help="--memory-limit: the sidecar of the rows' learned predictor"
     )
@@ -107,9 +121,12 @@ def _options(args: argparse.Namespace) -> BenchOptions:
     require_learned(args.rows, args.learned)
     require_compensator(args.compensator, args.cold)
     for flag, given in (("--read-ahead-kb", args.read_ahead_kb), ("--drive", args.drive), ("--rows", args.rows),
-                        ("--learned", args.learned)):  # fmt: skip
+                        ("--learned", args.learned), ("--prompt-tokens", args.prompt_tokens),
+                        ("--ubatch", args.ubatch)):  # fmt: skip
         if given and not args.memory_limit:
             raise UsageError(f"{flag} is a dimension of --memory-limit runs: give --memory-limit too")
+    if args.ubatch and not args.prompt_tokens:
+        raise UsageError("--ubatch is the prompt's ubatch: give --prompt-tokens too")
     if args.memory_limit and args.rounds % 2 == 0:
         raise UsageError(f"--memory-limit takes an odd --rounds (not {args.rounds}): each median a measured run")
     if args.rounds < 1 or args.prompt < 1 or args.generate < 1 or args.threads < 1:
@@ -128,7 +145,8 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
     from ..llama.drive import measure_drive
 
     method, notes, expert_bytes = detect_eviction(args.model, lib)
-    drive = measure_drive(args.model.resolve().parent)
+    with run_state.scratch(args.model.resolve().parent, SCRATCH_PREFIX):  # its 256 MiB file, if this run is killed
+        drive = measure_drive(args.model.resolve().parent)
     logger.info(
         "drive under %s: %.0f MB/s sequential, %.0f us per random 4 KiB read",
         drive.directory,
@@ -140,8 +158,8 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
     if args.evict_method != "auto":
         method = args.evict_method
     opts = replace(opts, cold_method=method)
-    with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
-        rows = measure_cold(args.model, cold_configs(Path(tmp)), lib, opts)
+    with run_state.temp_dir("onebit-bench-") as tmp:
+        rows = measure_cold(args.model, cold_configs(tmp), lib, opts)
     if args.json:
         print(
             json.dumps(
@@ -176,41 +194,6 @@ def _layers_text(text: str) -> str:
     return text
 
 
-def _limit_text(text: str) -> str:
-    """One --memory-limit item, its form checked at parse time (_limits turns it into bytes once
-    the model's expert bytes are known)."""
-    if text == "resident":
-        return text
-    try:
-        if text.endswith("%"):
-            float(text[:-1])
-        else:
-            parse_size(text)
-    except ValueError:
-        raise ValueError(f"'{text}' is neither a share (50%), a size (160MiB) nor resident") from None
-    return text
-
-
-def _limits(texts: list[str], expert_bytes: int) -> list[int]:
-    """--memory-limit's bytes: ``50%`` of the expert bytes, a size (``160MiB``), or ``resident``
-    (RESIDENT: no limit, the model file read into the page cache before each run)."""
-    from ..checks.bench_memory import RESIDENT
-
-    out = []
-    for t in texts:
-        if t == "resident":
-            out.append(RESIDENT)
-            continue
-        try:
-            n = float(t[:-1]) / 100 * expert_bytes if t.endswith("%") else parse_size(t)
-        except ValueError:
-            raise UsageError(f"--memory-limit: '{t}' is neither a share (50%), a size (160MiB) nor resident") from None
-        if not 16 * 2**20 <= n:
-            raise UsageError(f"--memory-limit: '{t}' is {n / 2**20:.1f} MiB; at least 16 MiB (the process needs it)")
-        out.append(int(n))
-    return out
-
-
 def _memory_limits(
     model: Path, texts: list[str], kb: list[int] | None, drives: list[str] | None
 ) -> tuple[int, list[int], DriveSetting]:
@@ -220,7 +203,7 @@ def _memory_limits(
     from ..llama.evict import expert_spans
 
     expert_bytes = sum(s.size for s in expert_spans(model))
-    limits = _limits(texts, expert_bytes)
+    limits = limit_bytes(texts, expert_bytes)
     require_drives(drives)
     return expert_bytes, limits, DriveSetting.of(model, kb if not drives or "native" in drives else None)
 
@@ -229,9 +212,10 @@ def _memory(
     args: argparse.Namespace, opts: BenchOptions, lib: Path, expert_bytes: int, limits: list[int], setting: DriveSetting
 ) -> int:
     from ..checks.bench_memory import markdown_memory, run_memory
+    from ..checks.bench_prefill import markdown_prefill
 
-    dims = (args.drive, args.read_ahead_kb, args.rows, args.learned, args.compensator)
-    rows, extra, words = run_memory(args.model, opts, lib, limits, setting, *dims)
+    dims = (args.drive, args.read_ahead_kb, args.rows, args.learned, args.compensator, args.prompt_tokens, args.ubatch)
+    rows, prefill, extra, words = run_memory(args.model, opts, lib, limits, setting, *dims, expert_bytes=expert_bytes)
     if args.json:
         print(json.dumps(_run_json(args.model, opts, rows) | {"expert_bytes": expert_bytes} | extra, indent=2))
         return EXIT_OK
@@ -242,6 +226,7 @@ def _memory(
             f"cgroup, {opts.rounds} alternating rounds, prompt {opts.prompt}, {opts.generate} decoded tokens, "
             f"{opts.threads} threads; {words}",
         )
+        + ("\n\n" + markdown_prefill(prefill) if prefill else "")
     )
     return EXIT_OK
 
@@ -259,6 +244,19 @@ def _run_json(model: Path, opts: BenchOptions, rows: list) -> dict:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # first of all, before any setting is read: what killed runs left (the next original must be the real one)
+    left = run_state.recover()
+    if args.restore:
+        if args.model is not None:
+            raise UsageError("--restore takes no MODEL.gguf: it puts back what killed runs left, and stops")
+        return EXIT_CHECK_FAILED if left else EXIT_OK
+    if args.model is None:
+        raise UsageError("the following argument is required: MODEL.gguf (or --restore)")
+    with run_state.journal(PROG):
+        return _bench(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
     require_file(args.model)
     opts = _options(args)
     require_moe_model(args.model)
@@ -271,8 +269,8 @@ def _run(args: argparse.Namespace) -> int:
     if memory is not None:
         return _memory(args, opts, info.lib_dir, *memory)
     pristine = pristine_lib_dir()
-    with tempfile.TemporaryDirectory(prefix="onebit-bench-") as tmp:
-        cfgs = configs(Path(tmp), args.layers, args.compensator)
+    with run_state.temp_dir("onebit-bench-") as tmp:
+        cfgs = configs(tmp, args.layers, args.compensator)
         if pristine is None:
             logger.info("no unpatched build (run ./build.sh pristine); its row is left out")
             cfgs = [c for c in cfgs if not c.pristine]

@@ -4,8 +4,9 @@ Not a command for people: checks/rounds.py starts it, one process per configurat
 round, as ``python -m onebit_predict.commands.bench_worker MODEL.gguf --env JSON ...`` with
 the patched or the unpatched libllama in ``LLAMA_CPP_LIB_PATH``, and reads the JSON object it
 prints as its last stdout line. ``--detect MODEL.gguf`` prints instead which page eviction
-works here (checks/bench_cold.py). Its parser lives here, apart from onebit-bench's, so that
-the user's command line holds only the user's options.
+works here (checks/bench_cold.py); ``--prefill N --ubatch U`` times an N-token prompt in calls of
+U tokens instead of the decode (checks/bench_prefill.py). Its parser lives here, apart from
+onebit-bench's, so that the user's command line holds only the user's options.
 
 Exit codes (commands/common.py): 0 the JSON line was printed; 1 or 2 it was not, the reason on
 stderr, which checks/rounds.py reports as a ``WorkerError``.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from ..checks.worker import WorkerOptions, detect_eviction, run_worker
 from ..constants import EXIT_OK
-from .common import EPILOG, arg_type, model_parent, require_file, run_command
+from .common import EPILOG, arg_type, model_parent, positive_int, require_file, run_command
 
 PROG = "onebit-bench-worker"
 
@@ -48,6 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--env", type=arg_type(_env), default={}, help="the configuration's ONEBIT_* variables (JSON)")
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--generate", type=int, default=64)
+    p.add_argument("--prefill", type=arg_type(positive_int), metavar="N", help="time a prompt of N tokens instead")
+    p.add_argument("--ubatch", type=arg_type(positive_int), metavar="U", help="--prefill: in calls of U tokens")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--text-file", type=Path, help="feed this file's bytes as token ids")
     p.add_argument("--cold-method", help="evict the expert pages this way before every decoded token")
@@ -80,6 +83,8 @@ def _run(args: argparse.Namespace) -> int:
         extra_bufts=not args.no_extra_bufts,
         pristine=args.pristine,
         drive_stats=args.drive_stats,
+        prefill=args.prefill,
+        ubatch=args.ubatch,
     )
     print(json.dumps(run_worker(opts)))
     return EXIT_OK

@@ -13,7 +13,10 @@ at INFO), and turns what the command raises into its exit code through :data:`EX
       unreadable file (``OSError``), a bad trace (``TraceError``) or model (``ModelError``),
       no patched build (``NotBuiltError``), llama.cpp refusing a model (``RunError``), the
       stats kernel that cannot be built (``StatsKernelError``), matplotlib missing for
-      ``--plot``, any other ``ValueError`` raised on the command's input
+      ``--plot``, a system package the emulated drive needs missing (``EmuDriveUnavailable``:
+      the apt-get command in the message), any other ``ValueError`` raised on the command's input
+130   interrupted (SIGINT, Ctrl-C: ``KeyboardInterrupt``): one line, ``prog: ERROR: interrupted``,
+      never a traceback, after the command's ``finally`` blocks and context managers have run
 ====  =====================================================================================
 
 A command returns EXIT_OK or EXIT_CHECK_FAILED itself when it finishes; anything not in
@@ -31,8 +34,9 @@ from pathlib import Path
 
 from ..checks.bench_memory import OracleMismatch
 from ..checks.rounds import WorkerError
-from ..constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, LFRU_WINDOW_DEFAULT
+from ..constants import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from ..costmodel.plot import PlotUnavailable
+from ..drive.emudrive import EmuDriveError, EmuDriveUnavailable
 from ..gguf_experts import ModelError
 from ..llama.cgroup import CgroupError
 from ..llama.drive import DriveError
@@ -42,7 +46,7 @@ from ..llama.runner import RunError
 from ..llama.tiny import TinyModelError
 from ..metrics.stats_kernel import StatsKernelError
 from ..policy import layer_range
-from ..trace import TraceError, TraceHeader
+from ..trace import TraceError
 
 logger = logging.getLogger("onebit_predict")
 
@@ -65,6 +69,8 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
     (TinyModelError, EXIT_CHECK_FAILED),
     (DriveError, EXIT_CHECK_FAILED),
     (EvictError, EXIT_CHECK_FAILED),
+    (EmuDriveUnavailable, EXIT_USAGE),  # a system package missing (libfuse3, fio), as a missing build
+    (EmuDriveError, EXIT_CHECK_FAILED),  # the emulated drive would not mount, answer or stop
     (UsageError, EXIT_USAGE),
     (CgroupError, EXIT_USAGE),  # no memory cgroup can be made here: onebit-bench --memory-limit says why
     (NotBuiltError, EXIT_USAGE),
@@ -122,6 +128,9 @@ def run_command(
         except BrokenPipeError:  # the reader (head, less) left: not an error of ours
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return EXIT_OK
+        except KeyboardInterrupt:  # Ctrl-C: what the command changed is put back (finally blocks ran)
+            logger.error("interrupted")
+            return EXIT_INTERRUPTED
         except Exception as e:  # noqa: BLE001 - mapped below, re-raised when unknown
             code = exit_code(e)
             if code is None:
@@ -158,6 +167,23 @@ def comma_list(parse: Callable[[str], object]) -> Callable[[str], list]:
         if not all(items):
             raise ValueError(f"'{text}' has an empty item")
         return list(dict.fromkeys(parse(s) for s in items))
+
+    return convert
+
+
+def unique_list(parse: Callable[[str], object]) -> Callable[[str], list]:
+    """``native,nvme`` -> [parse('native'), parse('nvme')]; ValueError on an item given twice (after
+    parsing: ``128,0128`` is one value twice), for the lists whose every item is a run of its own."""
+
+    def convert(text: str) -> list:
+        items = [s.strip() for s in text.split(",")]
+        if not all(items):
+            raise ValueError(f"'{text}' has an empty item")
+        values = [parse(s) for s in items]
+        for i, v in enumerate(values):
+            if v in values[:i]:
+                raise ValueError(f"'{text}' gives {v} twice (each value is a run of its own)")
+        return values
 
     return convert
 
@@ -235,10 +261,11 @@ def layers_parent() -> argparse.ArgumentParser:
     return p
 
 
-def model_parent() -> argparse.ArgumentParser:
-    """The MODEL.gguf positional of the commands that run llama.cpp."""
+def model_parent(*, optional: bool = False) -> argparse.ArgumentParser:
+    """The MODEL.gguf positional of the commands that run llama.cpp (``optional``: None where not given,
+    for a command with an option that needs none)."""
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("model", type=Path, metavar="MODEL.gguf", help="the GGUF to run")
+    p.add_argument("model", type=Path, metavar="MODEL.gguf", nargs="?" if optional else None, help="the GGUF to run")
     return p
 
 
@@ -263,27 +290,3 @@ def table(titles: list[str], rows: list[list[str]]) -> str:
 def fmt(value: float | int | None, spec: str) -> str:
     """``-`` for None, else ``format(value, spec)``."""
     return "-" if value is None else format(value, spec)
-
-
-def header_summary(h: TraceHeader) -> dict[str, object]:
-    """The trace header fields the cache commands (replay, simulate) put in their --json."""
-    return {
-        "arch": h.arch,
-        "model": h.model,
-        "mode": h.mode_name,
-        "n_layer": h.n_layer,
-        "n_expert": h.n_expert,
-        "n_expert_used": h.n_expert_used,
-        "depth": h.depth,
-    }
-
-
-def add_lfru_window(p: argparse.ArgumentParser) -> None:
-    """``--lfru-window T``, as the cache commands (replay, simulate) take it."""
-    p.add_argument(
-        "--lfru-window",
-        type=arg_type(positive_int),
-        default=LFRU_WINDOW_DEFAULT,
-        metavar="T",
-        help=f"tokens over which lfru counts uses (default {LFRU_WINDOW_DEFAULT})",
-    )

@@ -1,7 +1,8 @@
 """``onebit-compensator fit|show``: the 2-bit experts' compensator sidecar (int2/compensator.py).
 
-- ``fit --model F16.gguf --quantized Q2.gguf --out FILE.gguf`` captures the 2-bit model's MoE
-  activations on training text through the patched libllama (int2/capture.py), fits both sources
+- ``fit --model F16.gguf --quantized Q2.gguf --out FILE.gguf`` checks first that ``--out``'s
+  directory exists and is writable, then captures the 2-bit model's MoE activations on training
+  text through the patched libllama (int2/capture.py), fits both sources
   (``input``: the MoE block's input; ``output``: the MoE output) at each rank of ``--ranks`` by
   least squares against the F16 experts (int2/moe_numpy.py), scores every fit on held-out text,
   writes the chosen one (``--source best`` and no ``--rank``: the most held-out residual energy
@@ -9,7 +10,9 @@
   the 2-bit model with the written sidecar applied by llama.cpp (ONEBIT_MOE_COMPENSATOR) and reports,
   against F16's, the KL divergence, top-1 agreement and next-token loss with and without it;
 - ``show FILE [--model Q2.gguf]`` prints the sidecar's header and per-layer norms and, with
-  ``--model``, checks that the sidecar was fitted for that model (exit 1 when it was not).
+  ``--model``, checks that the sidecar was fitted for that model (exit 1 when it was not); a file
+  the reader refuses (a layer whose gain bound ``||up||*||down||`` exceeds 65504, F16's largest
+  value, included: int2/compensator.py) is an input error, exit 2.
 
 Tables by default; ``--json`` or ``--csv`` on stdout; progress on stderr.
 Exit codes: 0 ok, 1 the sidecar does not fit the model, 2 usage or input error (commands/common.py).
@@ -21,6 +24,7 @@ import argparse
 import csv
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -101,11 +105,24 @@ def _check_pair(full: comp_mod.ModelIdentity, quant: comp_mod.ModelIdentity, arg
         raise UsageError(f"{args.quantized} has the same experts as {args.model}: nothing to compensate")
 
 
+def _require_out(out: Path) -> None:
+    """UsageError unless the sidecar can be written at ``out``: its directory exists and is writable, and
+    ``out`` itself is not a directory."""
+    parent = out.parent
+    if not parent.is_dir():
+        raise UsageError(f"--out {out}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"--out {out}: the directory {parent} is not writable")
+    if out.is_dir():
+        raise UsageError(f"--out {out}: is a directory")
+
+
 def _fit(args: argparse.Namespace) -> int:
     from ..int2.capture import Capturer, capture_fit_data, corpus_streams, heldout_scores, windows
 
     for path in (args.model, args.quantized):
         require_file(path)
+    _require_out(args.out)  # before the capture: a fit takes minutes, a typo in --out must not cost them
     full, quant = model_identity(args.model), model_identity(args.quantized)
     _check_pair(full, quant, args)
     n = quant.n_embd

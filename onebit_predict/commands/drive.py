@@ -7,9 +7,12 @@
   [--size-mib N] [--runtime S] [--markdown F] [--json F]`` measures each profile's mount with fio
   (the table of docs/drive.md).
 
-onebit-bench --drive uses the same emulator for its benchmark rows.
+onebit-bench --drive uses the same emulator for its benchmark rows. ``mount`` records its mount in a
+state file (llama/run_state.py): after a ``kill -9`` the next ``onebit-bench`` run (or
+``onebit-bench --restore``) removes what is left.
 
-Exit codes: 0 ok, 1 the emulator or fio failed, 2 usage or input error (commands/common.py).
+Exit codes: 0 ok (Ctrl-C is how ``mount`` ends), 1 the emulator or fio failed, 2 usage or input error,
+a missing system package (libfuse3, fio: the apt-get command in the message) included (commands/common.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -26,10 +30,12 @@ from pathlib import Path
 
 from ..atomic import atomic_write_text
 from ..constants import EXIT_OK
-from ..drive.emudrive import EmuDriveError, build, mounted
+from ..drive.emudrive import EmuDriveUnavailable, build, mounted
 from ..drive.fiocheck import CHOICES, machine, markdown, run_check
 from ..drive.profiles import KIB, PROFILES
-from .common import EPILOG, CheckFailed, UsageError, require_file, run_command
+from ..llama.read_ahead import read_ahead_value
+from ..llama.run_state import journal
+from .common import EPILOG, UsageError, arg_type, require_file, run_command
 
 logger = logging.getLogger("onebit_predict")
 PROG = "onebit-drive"
@@ -51,7 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser("mount", help="serve a model from an emulated drive until Ctrl-C")
     m.add_argument("model", type=Path, nargs="?")
     m.add_argument("--profile", choices=sorted(PROFILES), default="nvme")
-    m.add_argument("--read-ahead-kb", type=int, help="the mount's read_ahead_kb (default: the kernel's)")
+    m.add_argument(
+        "--read-ahead-kb",
+        type=arg_type(read_ahead_value),
+        metavar="KB",
+        help="the mount's read_ahead_kb, a multiple of the page size in KiB up to 1048576 (default: the kernel's)",
+    )
     m.add_argument("--max-read", type=int, help="FUSE's largest request in bytes (default: the profile's)")
     m.add_argument("--binary", action="store_true", help="build the emulator if needed and print its path")
     f = sub.add_parser("fio", help="fio against each profile's mount: the table of docs/drive.md")
@@ -73,7 +84,10 @@ def _mount(args: argparse.Namespace) -> int:
     if args.model is None:
         raise UsageError("mount needs a MODEL (or --binary)")
     require_file(args.model)
-    with mounted(args.model, PROFILES[args.profile], args.read_ahead_kb, max_read=args.max_read) as m:
+    with (
+        journal(PROG),
+        mounted(args.model, PROFILES[args.profile], args.read_ahead_kb, max_read=args.max_read) as m,
+    ):
         print(
             f"{m.path}  profile={m.profile.name} read_ahead_kb={m.read_ahead_kb} max_read={m.max_read} "
             f"bdi={m.bdi} pid={m.pid}",
@@ -95,13 +109,12 @@ def _fio(args: argparse.Namespace) -> int:
         raise UsageError(f"--modes: buffered and direct, got {args.modes}")
     if args.size_mib < 1 or not args.runtime > 0:
         raise UsageError("--size-mib and --runtime must be positive")
+    if shutil.which("fio") is None:
+        raise EmuDriveUnavailable("fio is missing: apt-get install fio")
     header = f"machine: {machine()}"
     logger.info("%s", header)
-    try:
-        rows = run_check([CHOICES[n] for n in names], [kb * KIB for kb in args.bs], args.jobs, modes,
-                         args.size_mib, args.runtime)  # fmt: skip
-    except EmuDriveError as e:
-        raise CheckFailed(str(e)) from None
+    rows = run_check([CHOICES[n] for n in names], [kb * KIB for kb in args.bs], args.jobs, modes,
+                     args.size_mib, args.runtime)  # fmt: skip
     table = markdown(rows)
     footer = f"machine at the end: load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     print(table)
@@ -115,10 +128,8 @@ def _fio(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    try:
-        return _mount(args) if args.cmd == "mount" else _fio(args)
-    except EmuDriveError as e:
-        raise CheckFailed(str(e)) from None
+    # the emulator's errors map through commands/common.py: EmuDriveUnavailable (a missing package) 2, others 1
+    return _mount(args) if args.cmd == "mount" else _fio(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

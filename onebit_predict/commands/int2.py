@@ -15,7 +15,8 @@
 
 Every table names the model and the text its figures are of; ``--json`` / ``--csv`` write the
 same to stdout, logs go to stderr. Exit codes: 0 ok, 1 a tool failed or a variant is not what its
-recipe says, 2 usage or input error (no such model, an unknown type, no build).
+recipe says, 2 usage or input error (no such model, an unknown type, a type whose blocks do not
+divide the experts' rows, refused before any work, no build).
 """
 
 from __future__ import annotations
@@ -257,6 +258,8 @@ def _run(args: argparse.Namespace) -> int:
         require_file(path, "--compensator ")
     start = time.monotonic()
     store = Store(args.model, args.cache_dir, args.threads, args.train_tokens)
+    # every type asked for, before the first tool runs: rows its blocks do not divide are an input error
+    store.check_rows([*args.types, *(name for name, _ in getattr(args, "compensator", []))])
     try:
         code = COMMANDS[args.cmd](args, store)
     except (ToolFailed, VariantMismatch) as e:  # a tool ran and failed, or made what its recipe does not say

@@ -10,8 +10,18 @@ figures it comes from below the table. costmodel/drive_cells.py computes all of 
 
 ``--png-dir DIR`` draws one PNG per drive into DIR (``nvme.png``, ``native-128.png``): grouped bars
 of the ratio to off per configuration, one bar per cell, lines at 1.0 and 0.98 (matplotlib, the
-optional ``plot`` extra: exit 2 when it is missing). ``--json`` and ``--csv`` write the flat rows
-(one per cell and configuration, the cell's fields repeated) instead of the table.
+optional ``plot`` extra: exit 2 when it is missing). Where a drive's rows record where their tokens'
+time went (reports since issue 30: each row's ``decode``), a second PNG (``nvme-time.png``) stacks
+each row's compute under its waiting, ms per token, beside each cell's physical limit and its
+retention-aware limit, and the table gets a block of them; older reports draw and print as before.
+``--json`` and ``--csv`` write the flat rows (one per cell and configuration, the cell's fields
+repeated, the row's ``decode_*``) instead of the table.
+
+``--replay REPLAY.json`` (repeatable: the first with a result at a cell's capacity serves it), from
+``onebit-stats replay TRACE --slots N[,N] --policy belady --json`` of a trace of the reports' tokens:
+the retention-aware limit, 1 / max(compute, Belady's misses / bandwidth), where the Belady misses
+are the bytes per token the offline optimum would read with the cell's limit as slots per layer (50 %
+of 128 experts: 64); costmodel/drive_cells.py :func:`~onebit_predict.costmodel.drive_cells.with_belady`.
 
 Exit codes: 0 ok, 2 usage or input error (a file that is not a memory report, or whose rows record
 no drive; --png-dir without matplotlib). A subcommand of ``onebit-stats`` (commands/stats.py).
@@ -26,10 +36,14 @@ import logging
 import re
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..costmodel.drive_cells import Cell, by_drive, configurations, drive_cells, flat_rows
+from ..costmodel.drive_cells import Cell, by_drive, configurations, drive_cells, flat_rows, load_replay, with_belady
 from ..costmodel.measured import load_memory_reports
 from .common import UsageError, fmt
+
+if TYPE_CHECKING:
+    from ..costmodel.plot import SplitCell
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = (
@@ -45,6 +59,14 @@ def configure(p: argparse.ArgumentParser) -> None:
         "reports", nargs="+", type=Path, metavar="REPORT.json", help="onebit-bench --memory-limit --drive --json"
     )
     p.add_argument("--png-dir", type=Path, metavar="DIR", help="one PNG per drive into DIR (needs matplotlib)")
+    p.add_argument(
+        "--replay",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="REPLAY.json",
+        help="onebit-stats replay --policy belady --json of the reports' tokens: the retention-aware limit",
+    )
 
 
 def _tok(tok: float, low: float | None, high: float | None) -> str:
@@ -100,14 +122,59 @@ def markdown(cells: list[Cell]) -> str:
         limit = ["**physical limit**: tok/s, x off"]
         for c in here:
             floor += ["", "", fmt(c.floor_mib, ".1f"), "", ""]
-            phys = c.physical_limit_tok_s
-            ratio = None if phys is None or not c.off_tok_s else phys / c.off_tok_s
-            limit += [fmt(phys, ".2f"), fmt(ratio, ".3f"), "", "", ""]
-        lines += ["| " + " | ".join(floor) + " |", "| " + " | ".join(limit) + " |", ""]
-        lines += ["Physical limit = 1 / max(compute, floor / bandwidth):", ""]
+            limit += [*_limit_cols(c.physical_limit_tok_s, c), "", "", ""]
+        lines += ["| " + " | ".join(floor) + " |", "| " + " | ".join(limit) + " |"]
+        if any(c.belady_floor_bytes is not None for c in here):
+            belady = ["**Belady floor**: MiB missing/token at the cell's capacity"]
+            retention = ["**retention-aware limit**: tok/s, x off"]
+            for c in here:
+                mib = None if c.belady_floor_bytes is None else c.belady_floor_bytes / 2**20
+                belady += ["", "", fmt(mib, ".1f"), "", ""]
+                retention += [*_limit_cols(c.retention_limit_tok_s, c), "", "", ""]
+            lines += ["| " + " | ".join(belady) + " |", "| " + " | ".join(retention) + " |"]
+        lines += ["", "Physical limit = 1 / max(compute, floor / bandwidth):", ""]
         lines += [_limit_note(c) for c in here]
+        if any(c.has_split for c in here):
+            lines += ["", *_split_table(here, names)]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
+
+
+def _limit_cols(tok_s: float | None, c: Cell) -> list[str]:
+    """A limit's tok/s and its ratio to the cell's off."""
+    return [fmt(tok_s, ".2f"), fmt(None if tok_s is None or not c.off_tok_s else tok_s / c.off_tok_s, ".3f")]
+
+
+def _split_table(cells: list[Cell], names: list[str]) -> list[str]:
+    """Where each row's tokens' time went: compute and waiting ms per token per cell, the requests and the
+    expert-level hit rate; a limit as ms per token under them."""
+    split_fields = ("compute ms", "wait ms", "requests/token", "expert hit %")
+    head = ["configuration"] + [f"{c.label}: {f}" for c in cells for f in split_fields]
+    lines = ["Per decoded token (compute: the decoding thread's CPU; wait: off CPU):", ""]
+    lines += ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
+    for name in names:
+        cols = [name]
+        for c in cells:
+            r = c.row(name)
+            d = None if r is None else r.decode
+            if d is None:
+                cols += ["-"] * len(split_fields)
+                continue
+            hit = None if d.expert_hit is None else 100 * d.expert_hit
+            cols += [fmt(d.compute_ms, ".1f"), fmt(d.wait_ms, ".1f"), fmt(d.requests, ".1f"), fmt(hit, ".1f")]
+        lines.append("| " + " | ".join(cols) + " |")
+    for what, attr in (("physical limit", "physical_limit_tok_s"), ("retention-aware limit", "retention_limit_tok_s")):
+        ms = [_ms(getattr(c, attr)) for c in cells]
+        if any(m is not None for m in ms):
+            cols = [f"**{what}**: ms/token"]
+            for m in ms:
+                cols += [fmt(m, ".1f"), "", "", ""]
+            lines.append("| " + " | ".join(cols) + " |")
+    return lines
+
+
+def _ms(tok_s: float | None) -> float | None:
+    return None if not tok_s else 1e3 / tok_s
 
 
 def png_name(label: str) -> str:
@@ -116,7 +183,7 @@ def png_name(label: str) -> str:
 
 
 def write_pngs(cells: list[Cell], out: Path, models: str) -> list[Path]:
-    from ..costmodel.plot import plot_drive_ratios
+    from ..costmodel.plot import plot_drive_ratios, plot_drive_split
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -134,7 +201,26 @@ def write_pngs(cells: list[Cell], out: Path, models: str) -> list[Path]:
         path = out / png_name(label)
         plot_drive_ratios(names, series, path, f"{label}: decode tok/s over patched off, per cell ({models})")
         written.append(path)
+        if any(c.has_split for c in here):
+            path = out / png_name(f"{label} time")
+            title = f"{label}: where each token's time went ({models})"
+            plot_drive_split(names, split_series(here, names), path, title)
+            written.append(path)
     return written
+
+
+def split_series(cells: list[Cell], names: list[str]) -> list[SplitCell]:
+    """Per cell: its label, each configuration's (compute, waiting) ms per token (None: not recorded, or not
+    separable with several threads), its physical and retention-aware limits as ms per token."""
+    out = []
+    for c in cells:
+        points = []
+        for name in names:
+            r = c.row(name)
+            d = None if r is None else r.decode
+            points.append(None if d is None or d.wait_ms is None else (d.compute_ms, d.wait_ms))
+        out.append((c.label, points, _ms(c.physical_limit_tok_s), _ms(c.retention_limit_tok_s)))
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,8 +230,9 @@ def run(args: argparse.Namespace) -> int:
         if args.png_dir.exists() and not args.png_dir.is_dir():  # the argument first, the machine after
             raise UsageError(f"--png-dir {args.png_dir}: not a directory")
         require_matplotlib("--png-dir")
+    replays = [load_replay(p) for p in args.replay]
     reports = load_memory_reports(args.reports)
-    cells = drive_cells(reports)
+    cells = with_belady(drive_cells(reports), replays)
     rows = flat_rows(cells)
     if args.json:
         print(json.dumps({"reports": [str(p) for p in args.reports], "rows": rows}, indent=2))

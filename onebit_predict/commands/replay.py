@@ -25,17 +25,8 @@ from ..constants import EXIT_OK, REPLAY_POLICIES, REPLAY_PREFETCH_MODES
 from ..costmodel.replay import CacheConfig, ReplayResult, replay
 from ..costmodel.routing import Routing, load_routing
 from ..trace import Trace
-from .common import (
-    UsageError,
-    add_lfru_window,
-    arg_type,
-    check_layers,
-    comma_list,
-    fmt,
-    header_summary,
-    positive_int,
-    table,
-)
+from .cache_args import add_lfru_window, header_summary
+from .common import UsageError, arg_type, check_layers, comma_list, fmt, positive_int, table
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Per-layer expert-cache hit rates of a P/A trace's decode routing (docs/cost-model.md)."

@@ -45,14 +45,8 @@ from ..moe_check import require_trace_model
 from ..trace import Trace
 from ..units import parse_bandwidth, parse_size
 from . import simulate_out, simulate_pages
-from .common import (
-    UsageError,
-    add_lfru_window,
-    arg_type,
-    comma_list,
-    nonneg_float,
-    positive_int,
-)
+from .cache_args import add_lfru_window
+from .common import UsageError, arg_type, comma_list, nonneg_float, positive_int
 
 logger = logging.getLogger("onebit_predict")
 DESCRIPTION = "Decode-time model of a streamed expert pipeline on a P/A trace's routing (docs/cost-model.md)."

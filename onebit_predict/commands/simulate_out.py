@@ -10,7 +10,8 @@ import sys
 from ..costmodel.simulate import PRED_NONE, SimResult
 from ..trace import Trace
 from ..units import fmt_bandwidth
-from .common import fmt, header_summary, table
+from .cache_args import header_summary
+from .common import fmt, table
 
 MB = 1e6
 

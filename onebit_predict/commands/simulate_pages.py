@@ -43,7 +43,8 @@ from ..llama.drive import device_read_ahead_kb
 from ..moe_check import require_trace_model
 from ..trace import Trace
 from ..units import fmt_bandwidth, parse_size
-from .common import arg_type, comma_list, fmt, header_summary, nonneg_float, positive_int, table
+from .cache_args import header_summary
+from .common import arg_type, comma_list, fmt, nonneg_float, positive_int, table
 
 logger = logging.getLogger("onebit_predict")
 MIB = 2**20

@@ -23,6 +23,18 @@ the same readahead, else at any: a resident run reads nothing) in any of the rep
 none has it (then the limit is None); bandwidth is the emulated drive's profile's (bytes/s) or the
 native drive's measured one (the report's ``drive.bandwidth_mb_s``, or its samples' median).
 
+Where a row's tokens' time went (:attr:`CellRow.decode`, the report row's ``decode``: compute and
+waiting per token, reports since issue 30; None before) is drawn against two limits per cell: the
+physical one above and the **retention-aware** one (:func:`with_belady`), the same formula with
+the floor replaced by the bytes per token the replay's Belady policy (the offline optimum of an
+expert cache) would miss at the cell's capacity: ``onebit-stats replay T.bin --slots N --policy
+belady --json`` (:func:`load_replay`), N the cell's limit as a share of the experts (50 % of 128
+experts: 64 slots per layer), its expert reads per token summed over the layers times one expert's
+bytes (the cell's; else the report's expert bytes over the replay's layers and experts). The
+cgroup's limit holds more than experts, so the capacity is an upper bound, and the replay starts
+empty at the first decoded token (the prompt's reads are not counted, as in the measured rows):
+replay a trace of the reports' own tokens (grown models route as the model they grew from).
+
 The expert size is one expert's mean bytes over the layers, from the report's model file
 (costmodel/expert_bytes.py, the GGUF's expert tensors) where it is readable here; else the file
 name's width tag of the grown models (``w21504``: 2.7 MiB, ``w63488``: 8 MiB, WIDTH_LABELS) labels
@@ -33,13 +45,14 @@ A report whose rows record no drive (written before ``--drive``) is refused (Val
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .measured import Measured, MeasuredRow
+from .measured import DecodeSplit, Measured, MeasuredRow
 from .row_config import NATIVE, OFF, RowConfig
 
 logger = logging.getLogger("onebit_predict")
@@ -87,6 +100,7 @@ class CellRow:
     gain_from: str  # GAIN_BYTES, GAIN_FLIGHT or NO_GAIN
     route_missing_mib_per_token: float | None  # its own route-time misses (None: no route)
     off_tok_s: float | None  # the cell's off median, for the ratio's spread
+    decode: DecodeSplit | None = None  # where its tokens' time went (None: a report before it)
 
     @property
     def ratio_min(self) -> float | None:
@@ -114,6 +128,7 @@ class Cell:
     off_tok_s: float | None  # this cell's patched off median
     rows: tuple[CellRow, ...]
     report: Path
+    belady_floor_bytes: float | None = None  # what Belady would miss per token at this capacity (with_belady)
 
     @property
     def resident(self) -> bool:
@@ -151,6 +166,16 @@ class Cell:
     @property
     def physical_limit_tok_s(self) -> float | None:
         return physical_limit(self.compute_s, self.floor_bytes, self.bandwidth)
+
+    @property
+    def retention_limit_tok_s(self) -> float | None:
+        """The physical limit with the Belady floor: what an expert cache that kept the best experts could reach."""
+        return physical_limit(self.compute_s, self.belady_floor_bytes, self.bandwidth)
+
+    @property
+    def has_split(self) -> bool:
+        """Some row records compute and waiting per token (a report since issue 30)."""
+        return any(r.decode is not None and r.decode.wait_ms is not None for r in self.rows)
 
     def row(self, configuration: str) -> CellRow | None:
         return next((r for r in self.rows if r.configuration == configuration), None)
@@ -298,7 +323,19 @@ def _cell(
         missing = None if r.route_missing_per_token is None else r.route_missing_per_token / MIB
         off_tok = None if off is None else off.tok_s
         out.append(
-            CellRow(name, r.tok_s, r.min_tok_s, r.max_tok_s, ratio, r.read_mib_per_token, over, gain, missing, off_tok)
+            CellRow(
+                name,
+                r.tok_s,
+                r.min_tok_s,
+                r.max_tok_s,
+                ratio,
+                r.read_mib_per_token,
+                over,
+                gain,
+                missing,
+                off_tok,
+                r.decode,
+            )
         )
     off_tok_s = None if off is None else off.tok_s
     compute_s, compute_ra = compute
@@ -355,7 +392,82 @@ def flat_rows(cells: Sequence[Cell]) -> list[dict[str, object]]:
                     "compute_read_ahead_kb": c.compute_read_ahead_kb,
                     "bandwidth_bytes_s": c.bandwidth,
                     "physical_limit_tok_s": c.physical_limit_tok_s,
+                    "belady_floor_mib_per_token": None if c.belady_floor_bytes is None else c.belady_floor_bytes / MIB,
+                    "retention_limit_tok_s": c.retention_limit_tok_s,
+                    **{f"decode_{f.name}": None if r.decode is None else getattr(r.decode, f.name) for f in _DECODE},
                     "report": str(c.report),
                 }
             )
+    return out
+
+
+_DECODE = dataclasses.fields(DecodeSplit)
+
+
+# --- the retention-aware limit: a Belady replay at each cell's capacity ------------------------
+
+
+@dataclass(frozen=True)
+class BeladyReplay:
+    """The Belady results of an ``onebit-stats replay --policy belady --json`` (no prefetch, not cold)."""
+
+    path: Path
+    n_expert: int
+    n_layers: int  # the layers it replayed
+    reads_per_token: dict[int, float]  # slots per layer -> expert reads per decoded token, summed over the layers
+
+
+def load_replay(path: Path) -> BeladyReplay:
+    """A replay's JSON; ValueError (exit 2) when it is not one, or holds no Belady result."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except ValueError as e:
+        raise ValueError(f"--replay {path}: not JSON ({e})") from None
+    try:
+        n_expert = int(data["header"]["n_expert"])
+        found = [
+            r
+            for r in data["results"]
+            if r["policy"] == "belady" and r.get("prefetch", "none") == "none" and not r.get("cold")
+        ]
+        reads = {int(r["slots"]): sum(float(x["reads_per_token"] or 0.0) for x in r["layers"]) for r in found}
+        layers = max((len(r["layers"]) for r in found), default=0)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"--replay {path}: not an onebit-stats replay --json ({e!r})") from None
+    if not reads:
+        raise ValueError(f"--replay {path}: no belady result without prefetch (onebit-stats replay --policy belady)")
+    return BeladyReplay(Path(path), n_expert, layers, reads)
+
+
+def belady_floor(cell: Cell, replays: Sequence[BeladyReplay]) -> float | None:
+    """The bytes per token the first replay with a Belady result at the cell's capacity (its limit's share of
+    the experts, in slots per layer) would miss; 0 for a resident cell; None for an unknown share, no such result."""
+    if cell.resident:
+        return 0.0  # the model read in before the run: nothing left to miss
+    frac = cell.limit_fraction
+    if frac is None:
+        return None
+    for rep in replays:
+        reads = rep.reads_per_token.get(round(frac * rep.n_expert))
+        if reads is None:
+            continue
+        each = cell.size.per_expert_bytes
+        if each is None and cell.size.total_bytes and rep.n_layers:
+            each = cell.size.total_bytes / (rep.n_layers * rep.n_expert)
+        return None if each is None else reads * each
+    return None
+
+
+def with_belady(cells: Sequence[Cell], replays: Sequence[BeladyReplay]) -> list[Cell]:
+    """The cells with their Belady floor (:func:`belady_floor`); a warning for each limited cell without one."""
+    out = []
+    for c in cells:
+        floor = belady_floor(c, replays) if replays else None
+        frac = c.limit_fraction
+        if replays and floor is None and frac is not None:
+            slots = ", ".join(sorted({str(round(frac * r.n_expert)) for r in replays}))
+            logger.warning(
+                "cell %s, %s: no Belady result at %s slots per layer in --replay", c.drive_label, c.label, slots
+            )
+        out.append(dataclasses.replace(c, belady_floor_bytes=floor))
     return out

@@ -43,6 +43,17 @@ bandwidth and channels, the mount's max_read and read_ahead_kb), for the model t
 The consumer's workers when a row does not set them (:attr:`Measured.workers_default`): the
 default of the consumer that wrote the report, PREFETCH_THREADS_DEFAULT since route-time reads
 (reports whose rows' ``config`` objects carry ``route``), PREFETCH_THREADS_BEFORE_ROUTE before.
+
+Where each decoded token's time went (:class:`DecodeSplit`, a memory row's ``decode`` object since
+issue 30; :attr:`MeasuredRow.decode`, None in reports written before): compute and waiting per
+token, the read requests served meanwhile, the expert-level hit rate of route-time rows and the
+room rule's last measurement. Fields a report lacks read as None.
+
+Prompt processing (``--prompt-tokens``, checks/bench_prefill.py): a report's ``prefill_rows``, a list
+apart from ``rows`` (which :func:`load_measured` reads as before, whatever the report holds besides), are
+:attr:`Measured.prefill` (:class:`MeasuredPrefill`: the configuration, the prompt's tokens and ubatch,
+prompt tok/s, bytes read and the floor per prompt token, where the prompt's time went); empty in reports
+written before them.
 """
 
 from __future__ import annotations
@@ -50,12 +61,17 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..constants import ENV_PREFETCH_DEBUG_ORACLE, PREFETCH_THREADS_BEFORE_ROUTE, PREFETCH_THREADS_DEFAULT
-from .row_config import OFF, RowConfig, from_name
+from ..constants import (
+    COMPUTE_THREAD,
+    ENV_PREFETCH_DEBUG_ORACLE,
+    PREFETCH_THREADS_BEFORE_ROUTE,
+    PREFETCH_THREADS_DEFAULT,
+)
+from .row_config import OFF, PrefillConfig, RowConfig, from_name
 
 logger = logging.getLogger("onebit_predict")
 WARM = "patched off, warm"
@@ -64,8 +80,10 @@ __all__ = [
     "OFF",
     "RESIDENT",
     "WARM",
+    "DecodeSplit",
     "EmulatedDrive",
     "Measured",
+    "MeasuredPrefill",
     "MeasuredRow",
     "from_bench",
     "load_measured",
@@ -86,6 +104,73 @@ class EmulatedDrive:
 
 
 @dataclass(frozen=True)
+class DecodeSplit:
+    """Where a memory row's decoded tokens' time went, per token, and what was read meanwhile: the
+    medians over its rounds of each run's figures (checks/rounds.py :func:`decode_split`), each its own
+    (so compute + waiting is close to the median run's wall time per token, exactly so with one round).
+
+    ``compute_ms`` with ``compute_basis`` COMPUTE_THREAD (--threads 1, what these runs use) is the
+    decoding thread's CPU time (the thread that calls ``llama_decode`` computes the graph itself):
+    it includes the kernel's work in that thread, the page-fault handling and the reclaim its
+    cgroup's limit makes it do. ``wait_ms`` is the token's wall time less that, the time the thread
+    was off CPU: the reads it blocked on, page locks, reclaim waits (and, on 2 cores, runnable but
+    not running while the consumer's workers or the emulator had the core). The split is exact for
+    one thread only: with more, ``compute_basis`` is COMPUTE_PROCESS, ``compute_ms`` the process's CPU
+    over the decode (every compute thread and the consumer's workers, not separable), and
+    ``wait_ms`` None.
+
+    The read requests come from ``requests_from``: ``diskstats DEV`` (the model's block device,
+    llama/diskstats.py: the device's, every process's, with their times) or ``emulated`` (the
+    emulator's counters: no times). ``request_kib_largest`` is the device's cap (max_sectors_kb,
+    the largest possible: LARGEST_CAP) on a block device, the largest the emulator served since it
+    was mounted (LARGEST_SEEN) on an emulated one, as ``request_kib_largest_is`` says.
+
+    ``expert_hit``: the share of the routed experts' bytes resident when their layer was routed,
+    ``route_resident / (route_resident + route_bytes)`` over the decode. Only route-time rows have it
+    (None otherwise): only the route-time op looks at residency when a layer is routed; and None where
+    that op was held off for the whole decode (the room rule, the guard: it looked at nothing).
+    ``room_mib`` and ``room_need_mib``: the room rule's last measurement after the decode (the page
+    cache the process could have, one token's weights), None where unknown (the counters' -1, or a
+    row without the consumer's object)."""
+
+    compute_ms: float
+    wait_ms: float | None = None
+    compute_basis: str = COMPUTE_THREAD
+    requests_from: str | None = None
+    requests: float | None = None  # read requests per token
+    request_kib_mean: float | None = None
+    request_kib_largest: float | None = None
+    request_kib_largest_is: str | None = None
+    request_ms_mean: float | None = None  # a read's mean time, queue and service (diskstats only)
+    in_flight: float | None = None  # mean requests in flight over the decode (diskstats: weighted ms / wall ms)
+    busy: float | None = None  # the device's busy share over the decode (diskstats: io_ticks / wall)
+    expert_hit: float | None = None
+    room_mib: float | None = None
+    room_need_mib: float | None = None
+
+    @property
+    def wall_ms(self) -> float | None:
+        """compute + waiting per token (None where they are not separable)."""
+        return None if self.wait_ms is None else self.compute_ms + self.wait_ms
+
+    @classmethod
+    def from_fields(cls, data: Any, where: str) -> DecodeSplit | None:
+        """A report row's ``decode`` object (None: absent); fields it lacks are None, unknown ones ignored."""
+        if data is None:
+            return None
+        if not isinstance(data, dict) or data.get("compute_ms") is None:
+            raise ValueError(f"{where}: decode is not an object with compute_ms")
+        got = {f.name: data[f.name] for f in fields(cls) if data.get(f.name) is not None}
+        try:
+            return cls(**{k: str(v) if k in _DECODE_WORDS else float(v) for k, v in got.items()})
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: decode holds a field that is not a number ({e})") from None
+
+
+_DECODE_WORDS = ("compute_basis", "requests_from", "request_kib_largest_is")  # DecodeSplit's fields that are words
+
+
+@dataclass(frozen=True)
 class MeasuredRow:
     limit_bytes: int | None  # None: --cold (no limit, every expert page evicted before each token)
     name: str  # as the report names it: "patched off", "router", "router + advise", ...
@@ -100,10 +185,25 @@ class MeasuredRow:
     read_ahead_kb: int | None = None  # the drive's readahead it ran at (None: unknown)
     drive: str | None = None  # the drive it read the model from: native, nvme, sata (None: unknown)
     route_missing_per_token: float | None = None  # bytes the routed experts lacked when routed (None: no route)
+    decode: DecodeSplit | None = None  # where its tokens' time went (None: a report written before)
 
     @property
     def resident(self) -> bool:
         return self.limit_bytes == RESIDENT or self.name == WARM
+
+
+@dataclass(frozen=True)
+class MeasuredPrefill:
+    """A report's prefill row (checks/bench_prefill.py ``PrefillRow``): per prompt token, medians over its rounds."""
+
+    limit_bytes: int
+    name: str
+    config: PrefillConfig  # the configuration, the prompt's tokens and the ubatch
+    prompt_tok_s: float
+    ratio_to_off: float | None
+    read_mib_per_token: float | None
+    expert_bytes_per_ubatch_mib: float | None  # the floor: expert bytes * ceil(N / U) / N
+    prefill: DecodeSplit | None = None  # where the prompt's time went, per prompt token
 
 
 @dataclass(frozen=True)
@@ -124,6 +224,7 @@ class Measured:
     device: dict[str, Any] | None = None  # the model's block device as the report recorded it
     drives: tuple[EmulatedDrive, ...] = ()  # the emulated drives its rows read from
     workers_default: int = PREFETCH_THREADS_BEFORE_ROUTE  # the consumer's workers where a row sets none
+    prefill: tuple[MeasuredPrefill, ...] = ()  # its prefill_rows (none before --prompt-tokens)
 
     @property
     def warm_tok_s(self) -> float | None:
@@ -191,6 +292,7 @@ def load_measured(path: str | Path) -> Measured:
             raise ValueError(f"{where}: not an object")
         recorded = recorded or r.get("env") is not None or r.get("config") is not None
         config = _config(r, where)
+        decode = DecodeSplit.from_fields(r.get("decode"), where)
         on = config.drive if config is not None and config.drive is not None else only_drive
         record = drives.get(on) if isinstance(drives.get(on), dict) else {}
         ra = drive_ra if not record.get("emulated") else record.get("read_ahead_kb")
@@ -212,6 +314,7 @@ def load_measured(path: str | Path) -> Measured:
                     ra if config is None or config.read_ahead_kb is None else config.read_ahead_kb,
                     on,
                     _num(r, "route_missing_per_token"),
+                    decode,
                 )
             )
         except (KeyError, TypeError, ValueError) as e:
@@ -233,7 +336,36 @@ def load_measured(path: str | Path) -> Measured:
         data.get("device") if isinstance(data.get("device"), dict) else None,
         _drives(drives, path),
         _workers_default(data["rows"]),
+        _prefill_rows(data.get("prefill_rows"), path),
     )
+
+
+def _prefill_rows(rows: Any, path: Path) -> tuple[MeasuredPrefill, ...]:
+    """A report's ``prefill_rows`` (None: a report without them); ValueError naming a row that is not one."""
+    if rows is None:
+        return ()
+    if not isinstance(rows, list):
+        raise ValueError(f"{path}: prefill_rows is not a list")
+    out = []
+    for i, r in enumerate(rows):
+        where = f"{path}: prefill row {i} ({r.get('name') if isinstance(r, dict) else r!r})"
+        config = PrefillConfig.from_fields(r, where)
+        try:
+            out.append(
+                MeasuredPrefill(
+                    int(r["limit_bytes"]),
+                    str(r["name"]),
+                    config,
+                    float(r["median_prompt_tok_s"]),
+                    _num(r, "ratio_to_off"),
+                    _num(r, "read_mib_per_token"),
+                    _num(r, "expert_bytes_per_ubatch_mib"),
+                    DecodeSplit.from_fields(r.get("prefill"), where),
+                )
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: lacks a field ({e!r})") from None
+    return tuple(out)
 
 
 def _workers_default(rows: list[dict[str, Any]]) -> int:

@@ -1,6 +1,7 @@
 """The plots: ``onebit-stats simulate --plot FILE.png`` (per-layer hit rate and tok/s against
 bandwidth), ``onebit-stats plot-memory REPORT.json --png FILE.png`` (tok/s against the memory limit) and
-``onebit-stats plot-drives REPORT.json --png-dir DIR`` (per drive, each configuration's ratio to off per cell).
+``onebit-stats plot-drives REPORT.json --png-dir DIR`` (per drive, each configuration's ratio to off per cell,
+and, from reports that record it, where each token's time went: compute under waiting, per cell, beside its limits).
 
 matplotlib is the optional ``plot`` extra (``pip install 'onebit-predict[plot]'``);
 ``require_matplotlib`` raises ``PlotUnavailable`` with that hint when it is missing. A plot is
@@ -206,3 +207,63 @@ def plot_drive_ratios(
     )
     fig.tight_layout()
     _save(fig, path)
+
+
+# a cell of plot_drive_split: its label, per configuration (compute ms, waiting ms) per token or None, and its
+# limits as ms per token (physical, retention-aware; None where unknown)
+SplitCell = tuple[str, list[tuple[float, float] | None], float | None, float | None]
+
+
+def drive_split_figure(configurations: list[str], cells: list[SplitCell], title: str) -> Any:
+    """One drive's ms per decoded token: a group of bars per configuration, a stacked bar per cell, compute
+    (solid) under waiting (hatched); per cell a dashed line at the physical limit's ms per token and a
+    dotted one at the retention-aware limit's (a bar that reaches a line is at that limit). The figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    n = max(1, len(cells))
+    width = 0.8 / n
+    fig, ax = plt.subplots(figsize=(max(9.0, 1.0 + 0.35 * n * len(configurations)), 5.2))
+    for i, (label, points, physical_ms, retention_ms) in enumerate(cells):
+        colour = colours[i % len(colours)]
+        drawn = [(j, p) for j, p in enumerate(points) if p is not None]
+        xs = [j - 0.4 + width * (i + 0.5) for j, _ in drawn]
+        compute = [p[0] for _, p in drawn]
+        wait = [p[1] for _, p in drawn]
+        ax.bar(xs, compute, width=width * 0.92, color=colour, label=f"{label}: compute")
+        ax.bar(
+            xs,
+            wait,
+            width=width * 0.92,
+            bottom=compute,
+            color=colour,
+            alpha=0.35,
+            hatch="//",
+            label=f"{label}: waiting",
+        )
+        if physical_ms is not None:
+            ax.axhline(physical_ms, color=colour, linewidth=0.9, linestyle="--", label=f"{label}: physical limit")
+        if retention_ms is not None:
+            ax.axhline(
+                retention_ms, color=colour, linewidth=0.9, linestyle=":", label=f"{label}: retention-aware limit"
+            )
+    ax.set_xticks(range(len(configurations)))
+    ax.set_xticklabels(configurations, rotation=30, ha="right", fontsize="small")
+    ax.set_xlim(-0.6, len(configurations) - 0.4)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("ms per decoded token (median)\ncompute: the decoding thread's CPU; waiting: off CPU")
+    ax.set_title(title, fontsize="medium")
+    ax.grid(True, axis="y", linewidth=0.3)
+    ax.legend(fontsize="x-small", title="expert size, limit", title_fontsize="x-small", loc="upper left",
+              bbox_to_anchor=(1.005, 1.0))  # fmt: skip
+    fig.tight_layout()
+    return fig
+
+
+def plot_drive_split(configurations: list[str], cells: list[SplitCell], path: str | Path, title: str) -> None:
+    """:func:`drive_split_figure` as ``path``."""
+    require_matplotlib("--png-dir")
+    _save(drive_split_figure(configurations, cells, title), path)

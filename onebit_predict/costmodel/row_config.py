@@ -42,6 +42,13 @@ native,nvme,sata``): ``native`` the model where it is, ``nvme`` or ``sata`` the 
 (onebit_predict/drive) serving it. Its qualifier is the value alone (``block + advise, nvme``: a
 ``bare`` knob, one of its ``choices``). None is unknown: a report before the field, or a run that
 did not name a drive, whose report records the one it used (costmodel/measured.py reads that in).
+
+A prompt-processing row (``onebit-bench --memory-limit --prompt-tokens 512 --ubatch 128``,
+checks/bench_prefill.py) is a :class:`PrefillConfig`: a RowConfig, the prompt's tokens and the ubatch
+(n_batch = n_ubatch), named with two qualifiers after the row's (``route, prefill 512, ubatch 128``;
+:func:`prefill_from_name` reads them back). They are not knobs of RowConfig: the report keeps prefill
+rows in a list of their own (``prefill_rows``), each with its ``config`` object as a decode row writes
+it and ``prompt_tokens`` and ``ubatch`` beside it, so that decode rows and their readers do not change.
 """
 
 from __future__ import annotations
@@ -309,5 +316,59 @@ def from_name(name: str) -> RowConfig | None:
             return None
     try:
         return RowConfig(**kw)
+    except ValueError:
+        return None
+
+
+PREFILL = "prefill"  # the prefill row's qualifier: "prefill 512", the prompt's tokens
+UBATCH = "ubatch"  # ... and "ubatch 128": n_batch = n_ubatch of its run
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """A prompt-processing row: a configuration processing a prompt of ``prompt_tokens`` tokens in
+    ubatches of ``ubatch`` (its name: the row's, then ``prefill N, ubatch U``)."""
+
+    row: RowConfig
+    prompt_tokens: int
+    ubatch: int
+
+    def __post_init__(self) -> None:
+        for word, v in ((PREFILL, self.prompt_tokens), (UBATCH, self.ubatch)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"a prefill row's {word} {v!r} is not a positive integer")
+
+    @property
+    def name(self) -> str:
+        return f"{self.row.name}, {PREFILL} {self.prompt_tokens}, {UBATCH} {self.ubatch}"
+
+    def predictor_off(self) -> PrefillConfig:
+        """The predictor off on the same drive and setting, at the same prompt and ubatch: its ``vs patched off``."""
+        return PrefillConfig(self.row.predictor_off(), self.prompt_tokens, self.ubatch)
+
+    def fields(self) -> dict[str, Any]:
+        """The prefill row's ``config``, ``prompt_tokens`` and ``ubatch`` (the report's ``prefill_rows``)."""
+        return {"config": self.row.fields(), "prompt_tokens": self.prompt_tokens, "ubatch": self.ubatch}
+
+    @classmethod
+    def from_fields(cls, data: Any, where: str = "prefill row") -> PrefillConfig:
+        """A report's prefill row (its ``config``, ``prompt_tokens``, ``ubatch``); ValueError naming ``where``."""
+        if not isinstance(data, dict):
+            raise ValueError(f"{where} is not an object")
+        row = RowConfig.from_fields(data.get("config"), f"{where}: config")
+        try:
+            return cls(row, data.get("prompt_tokens"), data.get("ubatch"))
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+
+def prefill_from_name(name: str) -> PrefillConfig | None:
+    """The prefill row a name says (``route, prefill 512, ubatch 128``); None when it is not one."""
+    head, sep, tail = name.rpartition(f", {PREFILL} ")
+    n, sep2, u = tail.partition(f", {UBATCH} ")
+    if not (sep and sep2 and n.isdigit() and u.isdigit()) or (row := from_name(head)) is None:
+        return None
+    try:
+        return PrefillConfig(row, int(n), int(u))
     except ValueError:
         return None

@@ -14,6 +14,11 @@ The emulator is a child process started before any cgroup move of the caller, so
 page cache of the mount is charged there, as for a file on a disk. The binary is built on first use
 into ``$ONEBIT_CACHE/emudrive/<sha256 of the source>/onebit-emudrive`` with the system's ``cc``
 and libfuse3 (Debian: ``apt-get install libfuse3-dev fuse3 pkg-config gcc``).
+
+The mount's directory (``onebit-emudrive-*`` in the temp dir) and the mount itself are listed in the
+run's state file (llama/run_state.py) before they are made: after a ``kill -9`` of the process that
+mounted it (the emulator, started with ``--die-with-parent``, unmounts on its own; one killed too
+leaves a dead mount) the next ``onebit-bench`` run unmounts what is left and removes the directory.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..constants import CACHE_DIR_DEFAULT, ENV_CACHE
+from ..llama import run_state
+from ..llama.mounts import force_unmount, mounted_at
 from .profiles import MAX_READ_LIMIT, DriveProfile
 
 SOURCE = Path(__file__).resolve().with_name("onebit-emudrive.c")
@@ -41,6 +48,7 @@ BINARY_NAME = "onebit-emudrive"
 INSTALL_HINT = "apt-get install libfuse3-dev fuse3 pkg-config gcc (Debian/Ubuntu)"
 FUSE_DEVICE = Path("/dev/fuse")
 STOP_TIMEOUT_S = 15.0  # SIGTERM, then SIGKILL and a lazy unmount
+_SIGNALS = {s.value for s in signal.Signals}
 
 
 class EmuDriveError(RuntimeError):
@@ -139,6 +147,16 @@ class Mount:
     _proc: subprocess.Popen = field(repr=False, compare=False)
     _final: list = field(default_factory=list, repr=False, compare=False)
 
+    def down(self) -> str | None:
+        """Why the drive no longer serves its file (the emulator exited, the mount is gone), or None."""
+        rc = self._proc.poll()
+        if rc is not None:
+            how = f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in _SIGNALS else f"exit {rc}"
+            return f"{BINARY_NAME} (pid {self.pid}) is no longer running ({how})"
+        if not mounted_at(self.mountpoint):
+            return f"{self.mountpoint} is no longer mounted"
+        return None
+
     def stats(self, timeout_s: float = 5.0) -> DriveStats:
         """A snapshot of the emulator's counters (SIGUSR1) while mounted; its final line after."""
         if self._final:
@@ -194,9 +212,9 @@ def _fuse3_flags() -> tuple[list[str], list[str], str]:
     for what in ("--cflags", "--libs", "--modversion"):
         r = subprocess.run([pkg, what, "fuse3"], capture_output=True, text=True)
         if r.returncode != 0:
+            why = (r.stderr.strip().splitlines() or ["not found"])[0]  # pkg-config's first line says it
             raise EmuDriveUnavailable(
-                f"{BINARY_NAME} needs libfuse3's headers (pkg-config fuse3: {r.stderr.strip() or 'not found'}): "
-                f"{INSTALL_HINT}"
+                f"{BINARY_NAME} needs libfuse3's headers (pkg-config fuse3: {why}): {INSTALL_HINT}"
             )
         out.append(r.stdout.strip())
     return out[0].split(), out[1].split(), out[2]
@@ -273,31 +291,6 @@ def unavailable_reason() -> str | None:
 
 
 # --- mount ------------------------------------------------------------------------------------
-
-
-def _mounted_at(mountpoint: Path) -> bool:
-    """Whether something is mounted at ``mountpoint`` (/proc/self/mountinfo, octal escapes undone)."""
-    target = os.path.realpath(mountpoint)
-    try:
-        lines = Path("/proc/self/mountinfo").read_text().splitlines()
-    except OSError:
-        return False
-    for line in lines:
-        parts = line.split()
-        if len(parts) > 4 and _unescape(parts[4]) == target:
-            return True
-    return False
-
-
-def _unescape(s: str) -> str:
-    return s.encode().decode("unicode_escape") if "\\" in s else s
-
-
-def _force_unmount(mountpoint: Path) -> None:
-    """A lazy unmount of a mount whose emulator is gone (fusermount3 -u -z, else umount -l)."""
-    for cmd in (["fusermount3", "-u", "-z", str(mountpoint)], ["umount", "-l", str(mountpoint)]):
-        if shutil.which(cmd[0]) and subprocess.run(cmd, capture_output=True).returncode == 0:
-            return
 
 
 def _bdi_of(path: Path) -> Path:
@@ -383,7 +376,7 @@ def mounted(
     size = model.stat().st_size
     timeout = ready_timeout_s if ready_timeout_s is not None else 60.0 + size / 100e6
 
-    work = Path(tempfile.mkdtemp(prefix="onebit-emudrive-"))
+    work = run_state.make_temp_dir("onebit-emudrive-")  # listed before it is made: a kill -9 leaves it listed
     mountpoint = work / "mnt"
     mountpoint.mkdir()
     stats_path = work / "stats"
@@ -401,11 +394,13 @@ def mounted(
         str(mountpoint),
     ]
     mount: Mount | None = None
+    run_state.note_mount(mountpoint)
     with _exit_on_signals(), open(err_path, "wb") as err:
         proc = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, start_new_session=True
         )
         try:
+            run_state.note_mount(mountpoint, proc.pid)
             _wait_ready(proc, timeout, err_path)
             path = mountpoint / name
             st = os.stat(path)  # answered once the FUSE loop runs
@@ -443,9 +438,10 @@ def mounted(
             yield mount
         finally:
             final = _stop(proc, mountpoint, stats_path, err_path)
+            run_state.forget_mount(mountpoint)
             if mount is not None and final is not None:
                 mount._final.append(final)
-            shutil.rmtree(work, ignore_errors=True)
+            run_state.remove_temp_dir(work)
 
 
 def _stop(proc: subprocess.Popen, mountpoint: Path, stats_path: Path, err_path: Path) -> DriveStats | None:
@@ -460,9 +456,9 @@ def _stop(proc: subprocess.Popen, mountpoint: Path, stats_path: Path, err_path: 
             proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
-    if _mounted_at(mountpoint):
-        _force_unmount(mountpoint)
-    if _mounted_at(mountpoint):
+    if mounted_at(mountpoint):
+        force_unmount(mountpoint)
+    if mounted_at(mountpoint):
         raise EmuDriveError(f"{mountpoint} is still mounted after {BINARY_NAME} stopped")
     stats = _read_stats(stats_path)
     if proc.returncode not in (0, None) and proc.returncode != -signal.SIGKILL:

@@ -38,7 +38,9 @@ The sidecar file (what llama.cpp's side reads, exactly): a GGUF file with
   computes ``t = down @ s``, then ``c = up @ t``, and adds ``c`` to the MoE output.
 
 :func:`read_compensator` checks all of this that the file alone can say (and that every value
-is finite) and raises :class:`CompensatorError` naming the file and the fault; which layers are
+is finite, and that each layer's gain bound ``||up||_F * ||down||_F``, float64, is at most
+SIDECAR_MAX_GAIN = 65504, F16's largest value, as the C++ loader does: sidecar.check_gain) and
+raises :class:`CompensatorError` naming the file and the fault; which layers are
 MoE layers only the model says: :func:`check_model` refuses a sidecar for another model
 (architecture or experts hash, naming both hashes), another shape, or a missing layer.
 
@@ -69,8 +71,10 @@ from ..sidecar import (
     KEY_ARCH,
     U32_MAX,
     check_f32_array,
+    check_gain,
     check_identity,
     field_value,
+    frobenius,
     is_uint,
     open_gguf,
     open_sidecar,
@@ -103,6 +107,7 @@ UP_NAME = "compensator.{layer}.up"  # F32, numpy (n_embd, rank)
 _TENSOR_RE = re.compile(r"compensator\.(0|[1-9][0-9]*)\.(down|up)")
 EXPERT_ROLES = ("gate", "up", "down")  # the expert tensors whose types the experts hash covers, in its order
 NO_TENSOR = 0xFFFFFFFF  # the type id the hash takes for an expert tensor a layer lacks
+GAIN_BOUND = "the map's gain bound ||up||*||down||"  # what the refusal of a huge map names (sidecar.check_gain)
 
 SOURCE_INPUT = "input"  # s = the MoE block's input (ffn_norm-{l})
 SOURCE_OUTPUT = "output"  # s = the MoE output before compensation (ffn_moe_out-{l})
@@ -120,6 +125,12 @@ class CompensatorLayer:
 
     down: np.ndarray
     up: np.ndarray
+
+    @property
+    def gain_bound(self) -> float:
+        """``||up||_F * ||down||_F`` (float64): at least the spectral norm of C, so no unit-norm source
+        comes out longer; a sidecar holds it to SIDECAR_MAX_GAIN (sidecar.check_gain)."""
+        return frobenius(self.up) * frobenius(self.down)
 
     @property
     def matrix(self) -> np.ndarray:
@@ -169,6 +180,7 @@ class Compensator:
             ly = self.layers[li]
             _check_array(where, DOWN_NAME.format(layer=li), ly.down, (self.rank, self.n_embd))
             _check_array(where, UP_NAME.format(layer=li), ly.up, (self.n_embd, self.rank))
+            check_gain(where, li, GAIN_BOUND, ly.gain_bound, CompensatorError)
 
 
 def _check_header(where: str, n_embd, rank, n_layer, source, tokens) -> None:

@@ -34,8 +34,10 @@ llama-quantize applies ``--tensor-type`` only when the file type is a quantized 
 (src/llama-quant.cpp ``llama_tensor_get_type``), so the file type is the experts' and the
 patterns keep the rest at the source's type, which it then copies unchanged. Tensors it never
 quantizes (norms, the router) keep their type whatever the patterns say. A type whose blocks do
-not divide the rows (256 for the K- and IQ-types: models/qwen3moe-tiny.gguf's 64-wide experts)
-makes llama-quantize fall back to another type; :func:`check_variant` refuses the result.
+not divide the rows (256 = QK_K for the K-, IQ2- and TQ2-types, 32 for q8_0:
+models/qwen3moe-tiny.gguf's 64-wide experts take q8_0 only) would make llama-quantize fall back
+to another type: :meth:`Store.check_rows` refuses such a type before any tool runs (Int2Error,
+naming the tensor and its row length), and :func:`check_variant` still refuses a fallback.
 
 Texts (:func:`corpus_text`): the corpus of tools/train_tiny.py (the CPython stdlib's ``*.py``,
 sorted; a file is validation when ``int(sha1(relpath), 16) % 20 == 0``), each split a stream of
@@ -70,7 +72,7 @@ from .. import __version__
 from ..atomic import atomic_path, atomic_write_bytes, atomic_write_text
 from ..constants import CACHE_DIR_DEFAULT, ENV_CACHE
 from ..corpus import EOD, corpus_files, is_validation
-from ..gguf_experts import ModelError, read_experts
+from ..gguf_experts import ExpertTensor, ModelError, read_experts
 from ..grow.gguf_keys import check_gguf_whole
 from ..grow.grow import sha256_file
 from ..grow.store import inside
@@ -376,6 +378,14 @@ def is_expert(name: str) -> bool:
     return _EXPERT.match(name) is not None
 
 
+def block_size(variant: Variant) -> int:
+    """The values per block of the variant's expert type (gguf-py's GGML_QUANT_SIZES: 256 = QK_K for
+    the K-, IQ2- and TQ2-types, 32 for q8_0, 1 for F16): a row must be a whole number of them."""
+    import gguf
+
+    return int(gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[variant.gguf_type]][0])
+
+
 def keep_patterns(reader: Any) -> list[str]:
     """The ``--tensor-type`` patterns that hold every non-expert 2-D (or more) tensor to its own type:
     one per tensor not of the commonest type (the F32 routers of an F16 model), then ``.*=`` that type
@@ -462,11 +472,36 @@ class Store:
         bad = sorted({t.type_name for t in experts.tensors} - {"F16", "F32", "BF16"})
         if bad:
             raise Int2Error(f"{self.source}: expert tensors are {bad}: variants are made from F16/BF16/F32 experts")
+        self.experts = experts
         self.keep = keep_patterns(reader)
         self.sha256 = sha256_file(self.source)
         self.dir = self.root / self.sha256[:16]
         self.threads = threads
         self.train_tokens = train_tokens
+
+    def check_rows(self, names: Sequence[str]) -> None:
+        """Int2Error, before anything is made, unless every variant of ``names`` has blocks that divide
+        the rows (ne0) of every routed expert tensor it changes: llama-quantize would fall back to
+        another type, after the imatrix, and :func:`check_variant` would refuse the result."""
+
+        def misfit(v: Variant) -> ExpertTensor | None:
+            return next((t for t in self.experts.tensors if is_expert(t.name) and t.shape[0] % block_size(v)), None)
+
+        for name in dict.fromkeys(names):
+            if name not in VARIANTS:
+                raise Int2Error(f"unknown variant {name!r} (known: {', '.join(VARIANTS)})")
+            v = VARIANTS[name]
+            bad = misfit(v)
+            if bad is None:
+                continue
+            qk = block_size(v)
+            fit = [n for n, w in VARIANTS.items() if misfit(w) is None]
+            raise Int2Error(
+                f"{self.source}: {bad.name} has rows of {bad.shape[0]} values, not a multiple of {qk}: "
+                f"variant {name} ({v.gguf_type}) stores whole blocks of {qk} per row"
+                + (" (QK_K)" if qk == 256 else "")
+                + f"; these rows take {', '.join(fit)}"
+            )
 
     def _paths(self, stem: str, suffix: str) -> tuple[Path, Path]:
         return self.dir / f"{stem}{suffix}", self.dir / f"{stem}.json"
@@ -496,6 +531,7 @@ class Store:
         if name not in VARIANTS:
             raise Int2Error(f"unknown variant {name!r} (known: {', '.join(VARIANTS)})")
         v = VARIANTS[name]
+        self.check_rows([name])  # before the imatrix: a type llama-quantize would fall back from
         if v.expert_type is None:
             info = {"variant": name, "expert_type": "F16", "bytes": self.source.stat().st_size, "sha256": self.sha256}
             return Made(self.source, {**info, **expert_bytes_per_token(self.source)}, True)

@@ -7,12 +7,18 @@ used (not root, not mounted, no memory controller) :class:`CgroupError` says why
 cache of a file is charged to the group that first touched its pages, so the worker drops
 the model file from the page cache once it has joined its group, and checks with mincore that
 no expert page of it is left (:func:`drop_from_page_cache`).
+
+A group is listed in the run's state file (llama/run_state.py) before it is made and dropped from it
+once removed, so that the next run removes one a ``kill -9`` left behind. The cgroup root is a
+parameter (``root``, default :data:`ROOT`) for the tests' stand-in trees.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from . import run_state
 
 ROOT = Path("/sys/fs/cgroup")
 
@@ -24,15 +30,17 @@ class CgroupError(RuntimeError):
 class MemoryCgroup:
     """A fresh memory cgroup with a limit; :meth:`remove` when its processes have exited."""
 
-    def __init__(self, name: str, limit_bytes: int) -> None:
+    def __init__(self, name: str, limit_bytes: int, root: Path | None = None) -> None:
+        root = ROOT if root is None else Path(root)
         if os.geteuid() != 0:
             raise CgroupError("a memory cgroup needs root (the benchmark creates and removes one per run)")
-        if (ROOT / "memory" / "memory.limit_in_bytes").is_file():
-            self.path, limit_file = ROOT / "memory" / name, "memory.limit_in_bytes"
-        elif "memory" in _read(ROOT / "cgroup.controllers").split():
-            self.path, limit_file = ROOT / name, "memory.max"
+        if (root / "memory" / "memory.limit_in_bytes").is_file():
+            self.path, limit_file = root / "memory" / name, "memory.limit_in_bytes"
+        elif "memory" in _read(root / "cgroup.controllers").split():
+            self.path, limit_file = root / name, "memory.max"
         else:
-            raise CgroupError(f"no memory cgroup controller under {ROOT} (neither v1 memory/ nor v2 memory)")
+            raise CgroupError(f"no memory cgroup controller under {root} (neither v1 memory/ nor v2 memory)")
+        run_state.note("cgroups", self.path)  # before the mkdir: a kill -9 after it leaves nothing unlisted
         try:
             self.path.mkdir()
             (self.path / limit_file).write_text(str(limit_bytes))
@@ -46,6 +54,7 @@ class MemoryCgroup:
             self.path.rmdir()
         except FileNotFoundError:
             pass
+        run_state.forget("cgroups", self.path)
 
 
 def join(path: Path) -> None:

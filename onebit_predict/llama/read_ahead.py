@@ -11,9 +11,13 @@ in ``/sys/class/bdi/MAJ:MIN/read_ahead_kb``: that is recorded instead.
 ``--read-ahead-kb 128,8192`` sets the value for each run (:class:`ReadAhead`) and restores the
 one it found on every exit path: the end of the run, an exception, SIGINT, SIGTERM and SIGHUP
 (handlers that restore, then hand the signal on: KeyboardInterrupt, or exit 128 + the signal).
-Only SIGKILL can leave it set; the log names the value to write back by hand. Both the value set
-and the value restored are logged. Where the file cannot be written (not root, no such file)
-:class:`ReadAheadError` (exit 2) says why, before anything runs (:meth:`ReadAhead.probe`).
+SIGKILL runs no handler and leaves it set, but the value found is in the run's state file
+(llama/run_state.py) before the first write: the next ``onebit-bench`` run writes it back before
+it reads the device's value (so it never takes the killed run's value for the original), and so
+does ``onebit-bench --restore``. Both the value set and the value restored are logged. Where the
+file cannot be written (not root, no such file) :class:`ReadAheadError` (exit 2) says why, before
+anything runs (:meth:`ReadAhead.probe`). A value is KiB, a whole number of pages, at most
+:data:`READ_AHEAD_KB_MAX` (:func:`read_ahead_value`, at parse time: exit 2).
 
 Everything takes the sysfs root (``sys_root``) or the file itself as a parameter, so that the
 tests point it at a temporary tree and never touch a real device.
@@ -32,6 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from ..constants import READ_AHEAD_KB_MAX
+from . import run_state
 
 logger = logging.getLogger("onebit_predict")
 
@@ -125,24 +132,32 @@ def block_device(path: str | Path, sys_root: Path | None = None) -> BlockDevice:
 
 
 def read_ahead_value(text: str) -> int:
-    """One ``--read-ahead-kb`` value: KiB, >= 0, a whole number of pages (the kernel keeps pages)."""
+    """One ``--read-ahead-kb`` value: KiB, 0..READ_AHEAD_KB_MAX, a whole number of pages (the kernel
+    keeps pages, and reads back a value rounded down to them)."""
     try:
         kb = int(text)
     except ValueError:
         raise ValueError(f"'{text}' is not a whole number of KiB") from None
-    if kb < 0 or kb % KB_STEP:
-        raise ValueError(f"{kb} KiB: read_ahead_kb is >= 0 and a multiple of {KB_STEP} (a page)")
+    if not 0 <= kb <= READ_AHEAD_KB_MAX or kb % KB_STEP:
+        raise ValueError(
+            f"{kb} KiB: read_ahead_kb is 0..{READ_AHEAD_KB_MAX} (1 GiB) and a multiple of {KB_STEP} (a page)"
+        )
     return kb
 
 
 class ReadAhead:
     """A read_ahead_kb file, set run by run (:meth:`set`) and restored to the value found on entry
-    on every exit path (``with ReadAhead(file) as ra``)."""
+    on every exit path (``with ReadAhead(file) as ra``); the value found is recorded in the run's state
+    file on entry (``recorded``; False for a file that goes with a mount: the emulated drive's bdi,
+    whose number a later mount may take)."""
 
-    def __init__(self, file: str | Path, what: str | None = None, signals: Sequence[int] = SIGNALS) -> None:
+    def __init__(
+        self, file: str | Path, what: str | None = None, signals: Sequence[int] = SIGNALS, recorded: bool = True
+    ) -> None:
         self.file = Path(file)
         self.what = what or str(self.file)
         self.signals = tuple(signals)
+        self.recorded = recorded
         self.original: int | None = None
         self.current: int | None = None
         self._previous: dict[int, Any] = {}
@@ -166,6 +181,8 @@ class ReadAhead:
 
     def __enter__(self) -> ReadAhead:
         self.original = self.current = self.probe()
+        if self.recorded:  # before any write of another value: a kill -9 leaves it set, the next run puts it back
+            run_state.note_setting(self.file, str(self.original))
         if threading.current_thread() is threading.main_thread():
             for sig in self.signals:
                 previous = signal.getsignal(sig)
@@ -177,6 +194,8 @@ class ReadAhead:
     def __exit__(self, *exc: object) -> None:
         try:
             self.restore()
+            if self.recorded:
+                run_state.forget_setting(self.file)
         finally:
             self._uninstall()
 
@@ -192,11 +211,12 @@ class ReadAhead:
         self.current = now
         if now != kb:
             raise ReadAheadError(f"{self.file} reads {now} after {kb} was written to it")
-        hint = (
-            ""
-            if self._hinted
-            else f" (found {self.original}; if this process is killed: echo {self.original} > {self.file})"
-        )
+        if self._hinted:
+            hint = ""
+        elif self.recorded and run_state.recorded():
+            hint = f" (found {self.original}; recorded: after a kill -9, the next onebit-bench run puts it back)"
+        else:
+            hint = f" (found {self.original}; if this process is killed: echo {self.original} > {self.file})"
         self._hinted = True
         logger.info("read_ahead_kb of %s set to %d%s", self.what, kb, hint)
 

@@ -117,7 +117,7 @@ class Model:
         params.n_gpu_layers = 0
         params.use_extra_bufts = extra_bufts
         if not use_mmap:
-            params.load_mode = lib.LLAMA_LOAD_MODE_NONE  # read into memory (llama.cpp's --no-mmap)
+            params.load_mode = lib.LLAMA_LOAD_MODE_NONE  # read into memory (llama.cpp's -lm none)
         self.ptr = lib.llama_model_load_from_file(str(path).encode(), params)
         if not self.ptr:
             raise RunError(f"{path}: llama.cpp could not load this model (run with ONEBIT_VERBOSE=1 for its log)")
