@@ -16,7 +16,7 @@ import pytest
 
 from onebit_predict.commands.bench import main as bench_main
 from onebit_predict.constants import EXIT_OK, PREFETCH_ROOM_MAX
-from onebit_predict.llama.cgroup import CgroupError, MemoryCgroup
+from tests.test_bench_memory import _require_cgroup
 
 pytestmark = pytest.mark.needs_build
 
@@ -24,10 +24,7 @@ H256 = Path(__file__).resolve().parent.parent / "models" / "qwen3moe-h256.gguf"
 
 
 def test_the_room_rule_holds_route_off_under_a_tight_limit(tmp_path, capsys):
-    try:
-        MemoryCgroup("onebit-test-probe", 64 << 20).remove()
-    except CgroupError as e:
-        pytest.skip(f"no memory cgroup here: {e}")
+    _require_cgroup()
     model = tmp_path / H256.name  # a copy no other process maps
     shutil.copyfile(H256, model)
     held, free = f"route, room {PREFETCH_ROOM_MAX:g}", "route, room 0"
