@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from onebit_predict.constants import KEEP_NAMES
 from onebit_predict.policy import MODES, PREFETCH_MODES, Env, PrefetchEnv
 
 CASES_TSV = Path(__file__).with_name("cases.tsv")
@@ -18,6 +19,7 @@ UNSET = "@"
 EMPTY = '""'
 ESCAPES = {"s": " ", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "\\": "\\"}
 HEX_DIGITS = "0123456789abcdefABCDEF"
+KEEPS = {name: keep for keep, name in KEEP_NAMES.items()}  # a keep case's expected KEEP
 
 
 class AheadCase(NamedTuple):
@@ -52,6 +54,23 @@ class RouteCase(NamedTuple):
     speculative: bool
     route: bool
     random: bool
+    n_warnings: int
+
+
+class WaitCase(NamedTuple):
+    line: int
+    env: PrefetchEnv  # ONEBIT_MOE_PREFETCH, _ROUTE and _WAIT (the other knobs unset)
+    predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
+    mode: int  # the workers' call
+    wait: bool  # the route-time op waits for its layer's reads
+    n_warnings: int
+
+
+class KeepCase(NamedTuple):
+    line: int
+    env: PrefetchEnv  # ONEBIT_MOE_PREFETCH, _ROUTE and _KEEP (the other knobs unset)
+    predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
+    keep: int  # what decides which experts stay cached: KEEP_KERNEL or KEEP_LRU
     n_warnings: int
 
 
@@ -133,6 +152,8 @@ Case = (
     | GuardCase
     | RoomCase
     | RouteCase
+    | WaitCase
+    | KeepCase
 )
 
 
@@ -180,6 +201,12 @@ def _flag(field: str) -> bool:
     if field not in ("0", "1"):
         raise CaseFormatError(f"{field!r} is not 0 or 1")
     return field == "1"
+
+
+def _keep(field: str) -> int:
+    if field not in KEEPS:
+        raise CaseFormatError(f"{field!r} is not one of {'|'.join(KEEPS)}")
+    return KEEPS[field]
 
 
 def _layer_list(field: str) -> frozenset[int]:
@@ -250,6 +277,23 @@ def _case(line: int, f: list[str]) -> Case:
             _flag(f[7]),
             _flag(f[8]),
             int(f[9]),
+        )
+    if kind == "wait" and n == 8:
+        return WaitCase(
+            line,
+            PrefetchEnv(mode=_string(f[1]), route=_string(f[2]), wait=_string(f[3])),
+            MODES[f[4]],
+            PREFETCH_MODES[f[5]],
+            _flag(f[6]),
+            int(f[7]),
+        )
+    if kind == "keep" and n == 7:
+        return KeepCase(
+            line,
+            PrefetchEnv(mode=_string(f[1]), route=_string(f[2]), keep=_string(f[3])),
+            MODES[f[4]],
+            _keep(f[5]),
+            int(f[6]),
         )
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")
 

@@ -77,6 +77,12 @@ enum onebit_prefetch_mode {
     ONEBIT_PREFETCH_ADVISE = 1,
     ONEBIT_PREFETCH_READ   = 2,
     ONEBIT_PREFETCH_POPULATE = 3,
+    ONEBIT_PREFETCH_PREAD    = 4,
+};
+
+enum onebit_keep {
+    ONEBIT_KEEP_KERNEL = 0,
+    ONEBIT_KEEP_LRU    = 1,
 };
 
 #define ONEBIT_PREFETCH_ROUTE_CALL ...
@@ -94,6 +100,8 @@ struct onebit_prefetch_env {
     const char * room;
     const char * route;
     const char * random;
+    const char * wait;
+    const char * keep;
 };
 
 struct onebit_prefetch_policy {
@@ -105,6 +113,8 @@ struct onebit_prefetch_policy {
     int32_t speculative;
     int32_t route;
     int32_t random;
+    int32_t wait;
+    int32_t keep;
 };
 
 const char * onebit_prefetch_mode_name(int32_t mode);

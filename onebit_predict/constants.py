@@ -40,12 +40,17 @@ ENV_PREFETCH_GUARD = "ONEBIT_MOE_PREFETCH_GUARD"  # tokens per probe of the guar
 ENV_PREFETCH_ROOM = "ONEBIT_MOE_PREFETCH_ROOM"  # issue only while the page cache holds R x one token's weights
 ENV_PREFETCH_ROUTE = "ONEBIT_MOE_PREFETCH_ROUTE"  # also read each layer's routed experts as soon as its router ran
 ENV_PREFETCH_RANDOM = "ONEBIT_MOE_PREFETCH_RANDOM"  # readahead off on the expert tensors (MADV_RANDOM)
+ENV_PREFETCH_WAIT = "ONEBIT_MOE_PREFETCH_WAIT"  # the route-time op waits for its layer's reads
+ENV_PREFETCH_KEEP = "ONEBIT_MOE_PREFETCH_KEEP"  # what decides which experts stay cached: kernel or lru
 # the MoE compensator's GGUF sidecar (docs/int2.md): changes the output, so never set by a bit-identity check
 ENV_COMPENSATOR = "ONEBIT_MOE_COMPENSATOR"
 # a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
 ENV_PREFETCH_DEBUG_DRAIN = "ONEBIT_MOE_PREFETCH_DEBUG_DRAIN"
 # a benchmark control: the consumer reads the routing a trace of the same tokens recorded (the oracle)
 ENV_PREFETCH_DEBUG_ORACLE = "ONEBIT_MOE_PREFETCH_DEBUG_ORACLE"
+ENV_PREFETCH_DEBUG_KEEP_CAP = (
+    "ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP"  # checks only: the LRU holds N experts, whatever the room
+)
 
 # every variable libllama reads: a check that must not inherit the caller's settings sets or
 # clears each of them
@@ -72,18 +77,26 @@ ENV_ALL = (
     ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_RANDOM,
     ENV_COMPENSATOR,
+    ENV_PREFETCH_WAIT,
+    ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_DEBUG_KEEP_CAP,
 )
 
 PREFETCH_OFF = 0
 PREFETCH_ADVISE = 1  # madvise(MADV_WILLNEED) on the predicted experts' pages
 PREFETCH_READ = 2  # background workers touch those pages
 PREFETCH_POPULATE = 3  # background workers madvise(MADV_POPULATE_READ) them (Linux 5.14)
+PREFETCH_PREAD = 4  # background workers pread them through the model file (large requests, exact bytes)
 PREFETCH_NAMES = {
     PREFETCH_OFF: "off",
     PREFETCH_ADVISE: "advise",
     PREFETCH_READ: "read",
     PREFETCH_POPULATE: "populate",
+    PREFETCH_PREAD: "pread",
 }
+KEEP_KERNEL = 0  # the kernel's page reclaim decides which experts stay cached
+KEEP_LRU = 1  # an LRU over whole experts sized to the room; the consumer pages out what it evicts
+KEEP_NAMES = {KEEP_KERNEL: "kernel", KEEP_LRU: "lru"}
 PREFETCH_ROUTE_CALL = PREFETCH_READ  # the call route-time reads make when ONEBIT_MOE_PREFETCH names none
 
 PREFETCH_THREADS_DEFAULT = 8  # workers blocked in reads: a drive with queue depth serves several at once
@@ -117,6 +130,7 @@ TRACE_HDR_AHEAD_MASK = 0xF << TRACE_HDR_AHEAD_SHIFT
 TRACE_HDR_FLAG_ROUTE = 1 << 12  # the consumer read at route time (ONEBIT_MOE_PREFETCH_ROUTE)
 TRACE_HDR_FLAG_RANDOM = 1 << 13  # readahead off on the expert tensors (ONEBIT_MOE_PREFETCH_RANDOM)
 TRACE_HDR_FLAG_SPECULATIVE = 1 << 14  # the consumer read the predicted experts ahead (a call and a predictor)
+TRACE_HDR_FLAG_WAIT = 1 << 15  # the route-time op waited for its layer's reads (ONEBIT_MOE_PREFETCH_WAIT)
 TRACE_HDR_GUARD_SHIFT = 16  # bits 16..23: the consumer's guard window (ONEBIT_MOE_PREFETCH_GUARD; 0 none)
 TRACE_HDR_GUARD_MASK = 0xFF << TRACE_HDR_GUARD_SHIFT
 TRACE_ARCH_BYTES = 32  # NUL-padded
@@ -138,6 +152,7 @@ TRACE_HDR_FLAGS_KNOWN = (
     | TRACE_HDR_FLAG_ROUTE
     | TRACE_HDR_FLAG_RANDOM
     | TRACE_HDR_FLAG_SPECULATIVE
+    | TRACE_HDR_FLAG_WAIT
     | TRACE_HDR_GUARD_MASK
 )  # other header flag bits are refused
 TRACE_MAX_DEPTH_REQUESTED = 999_999_999  # _DEPTH as parsed: at most 9 digits (policy.MAX_DIGITS)

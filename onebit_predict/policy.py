@@ -35,15 +35,21 @@ from .constants import (
     ENV_NO_ATTN,
     ENV_PREFETCH,
     ENV_PREFETCH_GUARD,
+    ENV_PREFETCH_KEEP,
     ENV_PREFETCH_MAX_BYTES,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_THREADS,
+    ENV_PREFETCH_WAIT,
     ENV_STATS,
+    KEEP_KERNEL,
+    KEEP_LRU,
+    KEEP_NAMES,
     MAX_LAYERS,
     MODE_NAMES,
     MODE_OFF,
+    PREFETCH_ADVISE,
     PREFETCH_GUARD_DEFAULT,
     PREFETCH_GUARD_MAX,
     PREFETCH_MAX_BYTES_LIMIT,
@@ -364,6 +370,8 @@ class PrefetchEnv(NamedTuple):
     room: str | None = None  # ONEBIT_MOE_PREFETCH_ROOM
     route: str | None = None  # ONEBIT_MOE_PREFETCH_ROUTE
     random: str | None = None  # ONEBIT_MOE_PREFETCH_RANDOM
+    wait: str | None = None  # ONEBIT_MOE_PREFETCH_WAIT
+    keep: str | None = None  # ONEBIT_MOE_PREFETCH_KEEP
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> PrefetchEnv:
@@ -375,6 +383,8 @@ class PrefetchEnv(NamedTuple):
             ENV_PREFETCH_ROOM,
             ENV_PREFETCH_ROUTE,
             ENV_PREFETCH_RANDOM,
+            ENV_PREFETCH_WAIT,
+            ENV_PREFETCH_KEEP,
         )
         return cls(*(environ.get(name) for name in names))
 
@@ -383,7 +393,7 @@ class PrefetchEnv(NamedTuple):
 class PrefetchPolicy:
     """The prefetch consumer as parsed (C ``struct onebit_prefetch_policy``)."""
 
-    mode: int  # the workers' call: PREFETCH_OFF, PREFETCH_ADVISE, PREFETCH_READ or PREFETCH_POPULATE
+    mode: int  # the workers' call: PREFETCH_OFF, PREFETCH_ADVISE, PREFETCH_READ, PREFETCH_POPULATE or PREFETCH_PREAD
     n_threads: int  # read-mode workers, in [1, PREFETCH_THREADS_MAX]
     max_bytes: int  # cap on speculative bytes per token of a ubatch, 0 = no cap
     guard: int = PREFETCH_GUARD_DEFAULT  # tokens per probe of the guard, 0 = no guard
@@ -391,6 +401,8 @@ class PrefetchPolicy:
     speculative: bool = False  # read the predicted experts ahead of their layer (a call and a predictor)
     route: bool = False  # read each layer's routed experts as soon as its router ran (route time)
     random: bool = False  # readahead off on the expert tensors (MADV_RANDOM): faults read single pages
+    wait: bool = False  # the route-time op waits for its layer's reads: the matmuls never fault on a routed expert
+    keep: int = KEEP_KERNEL  # what decides which experts stay cached (KEEP_NAMES)
 
 
 def prefetch_mode_name(mode: int) -> str:
@@ -423,12 +435,14 @@ class _Reads(NamedTuple):
     speculative: bool  # predicted experts, ahead of their layer
     route: bool  # each layer's routed experts, at route time
     random: bool  # readahead off on the expert tensors
+    wait: bool  # the route-time op waits for its layer's reads
+    keep: int  # what decides which experts stay cached
 
 
 def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _Reads:
-    """ONEBIT_MOE_PREFETCH, _ROUTE and _RANDOM: speculative reads need a call and a predictor;
+    """ONEBIT_MOE_PREFETCH, _ROUTE, _RANDOM and _WAIT: speculative reads need a call and a predictor;
     route-time reads need neither and use PREFETCH_ROUTE_CALL when no call is named; readahead
-    off needs the consumer on."""
+    off needs the consumer on; the wait needs route-time reads by a call that finishes them."""
     mode = _parse_prefetch_mode(env.mode, warnings)
     route = _parse_bool(ENV_PREFETCH_ROUTE, env.route, warnings)
     random = _parse_bool(ENV_PREFETCH_RANDOM, env.random, warnings)
@@ -446,7 +460,23 @@ def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _R
             f"{ENV_PREFETCH_RANDOM}=1 needs the consumer on ({ENV_PREFETCH} or {ENV_PREFETCH_ROUTE}); ignored"
         )
         random = False
-    return _Reads(mode, speculative, route, random)
+    wait = _parse_bool(ENV_PREFETCH_WAIT, env.wait, warnings)
+    if wait and (not route or mode == PREFETCH_ADVISE):
+        warnings.append(
+            f"{ENV_PREFETCH_WAIT}=1 needs route-time reads ({ENV_PREFETCH_ROUTE}=1) by a call that "
+            "finishes them (read, populate or pread, not advise); ignored"
+        )
+        wait = False
+    keep = KEEP_KERNEL
+    t = _lower_ascii(_trim(env.keep))
+    if t == KEEP_NAMES[KEEP_LRU]:
+        keep = KEEP_LRU
+    elif t and t != KEEP_NAMES[KEEP_KERNEL]:
+        warnings.append(f"{ENV_PREFETCH_KEEP}='{env.keep}' is not one of {'|'.join(KEEP_NAMES.values())}; using kernel")
+    if keep != KEEP_KERNEL and not route:
+        warnings.append(f"{ENV_PREFETCH_KEEP}=lru needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")
+        keep = KEEP_KERNEL
+    return _Reads(mode, speculative, route, random, wait, keep)
 
 
 def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, list[str]]:
@@ -525,5 +555,7 @@ def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy,
         speculative=reads.speculative,
         route=reads.route,
         random=reads.random,
+        wait=reads.wait,
+        keep=reads.keep,
     )
     return policy, warnings

@@ -20,6 +20,7 @@ from .constants import (
     TRACE_HDR_FLAG_SPECULATIVE,
     TRACE_HDR_FLAG_STATS,
     TRACE_HDR_FLAG_UNCHECKED,
+    TRACE_HDR_FLAG_WAIT,
     TRACE_HDR_GUARD_MASK,
     TRACE_HDR_GUARD_SHIFT,
 )
@@ -82,6 +83,11 @@ class HeaderFlags:
     def speculative(self) -> bool:
         """The consumer read the predicted experts ahead of their layer (a call and a predictor)."""
         return bool(self.flags & TRACE_HDR_FLAG_SPECULATIVE)
+
+    @property
+    def wait(self) -> bool:
+        """The route-time op waited for its layer's reads (``ONEBIT_MOE_PREFETCH_WAIT``)."""
+        return bool(self.flags & TRACE_HDR_FLAG_WAIT)
 
     @property
     def prefetch_guard(self) -> int:

@@ -48,3 +48,45 @@ def test_ctypes_structures_match_the_c_layout(name, tmp_path):
     size, offsets = c_layout(tmp_path, name, fields)
     assert ctypes.sizeof(cls) == size
     assert [getattr(cls, f).offset for f in fields] == offsets
+
+
+def test_the_wait_fields_are_held_to_c(tmp_path):
+    """The fields the route-time wait added, where the ABI put them (new fields go last, so after
+    the fields before them), at C's offsets: ``prefetch_wait`` of the params (after ``compensator``),
+    ``route_wait_us``, ``route_waits`` and ``wait`` of the stats (after ``route_stale``)."""
+    params = [f[0] for f in OnebitMoeParams._fields_]
+    stats = [f[0] for f in OnebitMoeStats._fields_]
+    assert params[params.index("compensator") + 1] == "prefetch_wait"
+    at = stats.index("route_stale")
+    assert stats[at : at + 4] == ["route_stale", "route_wait_us", "route_waits", "wait"]
+    types = dict(OnebitMoeStats._fields_)
+    assert [ctypes.sizeof(types[f]) for f in stats[at + 1 : at + 4]] == [8, 8, 4]
+    for cls, name, fields in (
+        (OnebitMoeParams, "onebit_moe_params", ["compensator", "prefetch_wait"]),
+        (OnebitMoeStats, "onebit_moe_stats", stats[at : at + 4]),
+    ):
+        _, offsets = c_layout(tmp_path, name, fields)
+        assert [getattr(cls, f).offset for f in fields] == offsets
+
+
+def test_the_keep_fields_are_held_to_c(tmp_path):
+    """The fields ONEBIT_MOE_PREFETCH_KEEP added, last again: ``prefetch_keep`` and
+    ``prefetch_debug_keep_cap`` of the params (after ``prefetch_wait``), ``keep``, ``keep_evicted``
+    and ``keep_capacity`` of the stats (after ``wait``: an i32, then a u64 and an i64 on 8 bytes),
+    at C's offsets."""
+    params = [f[0] for f in OnebitMoeParams._fields_]
+    stats = [f[0] for f in OnebitMoeStats._fields_]
+    at = params.index("prefetch_wait")
+    assert params[at:] == ["prefetch_wait", "prefetch_keep", "prefetch_debug_keep_cap"]
+    at = stats.index("wait")
+    assert stats[at:] == ["wait", "keep", "keep_evicted", "keep_capacity"]
+    types = dict(OnebitMoeStats._fields_)
+    assert [ctypes.sizeof(types[f]) for f in stats[at + 1 :]] == [4, 8, 8]
+    assert (types["keep_evicted"], types["keep_capacity"]) == (ctypes.c_uint64, ctypes.c_int64)  # -1: none yet
+    for cls, name, fields in (
+        (OnebitMoeParams, "onebit_moe_params", params[params.index("prefetch_wait") :]),
+        (OnebitMoeStats, "onebit_moe_stats", stats[at:]),
+    ):
+        size, offsets = c_layout(tmp_path, name, fields)
+        assert ctypes.sizeof(cls) == size
+        assert [getattr(cls, f).offset for f in fields] == offsets

@@ -7,22 +7,49 @@ must fail, so a pass means something.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from onebit_predict.checks.bitident import (
+    CONSUMERS,
     MODES,
+    ModeSpec,
     first_mismatch,
+    keep_wait_problem,
+    knob_problem,
     mode_route,
+    parse_mode,
     prediction_problem,
     route_problem,
+    run_env,
     split_mode,
 )
 from onebit_predict.commands.bitident import main as bitident_main
-from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, MODE_ROUTER
+from onebit_predict.constants import (
+    ENV_ALL,
+    ENV_MODE,
+    ENV_PREFETCH,
+    ENV_PREFETCH_DEBUG_KEEP_CAP,
+    ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_RANDOM,
+    ENV_PREFETCH_ROUTE,
+    ENV_PREFETCH_WAIT,
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    MODE_OFF,
+    MODE_ROUTER,
+    PREFETCH_PREAD,
+    PREFETCH_READ,
+    TRACE_HDR_FLAG_RANDOM,
+    TRACE_HDR_FLAG_ROUTE,
+    TRACE_HDR_FLAG_WAIT,
+)
 from onebit_predict.llama.tiny import TINY_ARCHS
 from onebit_predict.trace import Trace, TraceHeader
 from onebit_predict.trace_writer import TraceWriter
@@ -47,7 +74,7 @@ def test_identical_and_predicted(arch, tiny_model, capsys):
     for r in report["results"]:
         assert r["mismatch"] is None and r["problem"] is None
         assert r["ran"] == r["mode"]  # block really ran block on every covered architecture
-        assert r["predicted_rows"] > 0 or r["mode"] == "route"  # route time alone predicts nothing
+        assert r["predicted_rows"] > 0 or parse_mode(r["mode"]).predictor == "off"  # route time alone predicts nothing
 
 
 @pytest.mark.needs_build
@@ -254,7 +281,8 @@ def test_route_modes_and_their_proof():
     assert split_mode("route") == ("off", None) and mode_route("route")
     assert split_mode("block+populate+route") == ("block", "populate") and mode_route("block+populate+route")
     assert not mode_route("block+read") and split_mode("off") == ("off", None)  # the reference itself
-    for bad in ("off+route", "route+route", "populate+route", "block+route+read"):
+    assert split_mode("populate+route") == ("off", "populate")  # a call alone: route time, the predictor off
+    for bad in ("off+route", "route+route", "block+route+read"):
         with pytest.raises(ValueError):
             split_mode(bad)
     routed = {"route": 1, "route_bytes": 0, "route_resident": 4096, "prefetch_failed": 0}
@@ -263,3 +291,155 @@ def test_route_modes_and_their_proof():
     assert "does not read at route time" in route_problem(routed | {"route": 0})
     assert "looked at no routed expert" in route_problem(routed | {"route_resident": 0})
     assert "failed" in route_problem(routed | {"prefetch_failed": 2})
+
+
+# --- route time's qualifiers: +exact, +wait, +lru, and the pread call ----------------------------
+
+
+@pytest.mark.parametrize(
+    "mode, want",
+    [
+        ("pread+route+exact+wait", ModeSpec("off", 1, "pread", route=True, exact=True, wait=True)),
+        ("route+lru", ModeSpec("off", 1, None, route=True, lru=True)),
+        ("block+pread+route+wait+lru", ModeSpec("block", 1, "pread", route=True, wait=True, lru=True)),
+        ("pread+route+exact+wait+lru", ModeSpec("off", 1, "pread", True, True, True, True)),
+        ("router@2+route+exact", ModeSpec("router", 2, None, route=True, exact=True)),
+        ("advise+route+exact", ModeSpec("off", 1, "advise", route=True, exact=True)),
+        ("block+pread", ModeSpec("block", 1, "pread")),
+        ("route+wait", ModeSpec("off", 1, None, route=True, wait=True)),  # route's own call (read) finishes
+    ],
+)
+def test_the_grammar_of_qualifiers(mode, want):
+    spec = parse_mode(mode)
+    assert spec == want
+    assert spec.call == (want.consumer or ("read" if want.route else "off"))  # what the header must record
+
+
+@pytest.mark.parametrize(
+    "mode, words",
+    [
+        ("route+wait+exact", "in the order exact+wait+lru"),  # misplaced: the order is fixed
+        ("route+lru+lru", "once each"),
+        ("block+read+wait", "+wait qualifies route time: it comes after +route"),
+        ("exact+route", "+exact qualifies route time"),
+        ("block+route+pread", "the call pread is misplaced: it comes before +route"),
+        ("route+sideways", "'sideways' is not a qualifier of +route"),
+        ("pread", "the call pread without a predictor needs +route"),
+        ("pread+exact", "+exact qualifies route time"),
+        ("advise+route+wait", "+wait needs a call that finishes its reads"),
+        ("block+advise+route+wait", "not advise"),
+        ("block+read+pread+route", "one call at most"),
+        ("off+route", "'off' is not a predictor"),
+        ("block@4+route", "@4 is not a lookahead"),
+        ("route+route", "+route twice"),
+    ],
+)
+def test_bad_modes_say_why(mode, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        parse_mode(mode)
+
+
+def test_bad_modes_are_usage_errors(tmp_path, capsys):
+    """A misplaced part is the command's exit 2, with parse_mode's reason."""
+    assert bitident_main([str(tmp_path), "--modes", "route,route+wait+exact"]) == EXIT_USAGE
+    assert "in the order exact+wait+lru" in capsys.readouterr().err
+    assert bitident_main([str(tmp_path), "--modes", "off"]) == EXIT_USAGE
+    assert "the reference" in capsys.readouterr().err
+
+
+def test_the_default_modes_cover_the_qualifiers():
+    specs = [parse_mode(m) for m in MODES]
+    for want in ("pread+route+exact+wait", "route+lru", "block+pread+route+wait+lru"):
+        assert want in MODES
+    assert any(s.exact for s in specs) and any(s.wait for s in specs) and any(s.lru for s in specs)
+    assert {s.consumer for s in specs} >= set(CONSUMERS)  # pread among every call
+
+
+def test_every_qualifier_is_pinned_per_mode():
+    """Each route-time knob is set by the mode that asks for it and cleared (None) by every other,
+    so nothing reaches a run from the caller's environment."""
+    knobs = (ENV_PREFETCH, ENV_PREFETCH_RANDOM, ENV_PREFETCH_WAIT, ENV_PREFETCH_KEEP, ENV_PREFETCH_DEBUG_KEEP_CAP)
+    assert {k: run_env("route", None, False)[k] for k in knobs} == dict.fromkeys(knobs)
+    env = run_env("pread+route+exact+wait+lru", None, False, keep_cap=6)
+    assert set(env) == set(ENV_ALL)
+    assert [env[k] for k in knobs] == ["pread", "1", "1", "lru", "6"]
+    assert env[ENV_MODE] is None and env[ENV_PREFETCH_ROUTE] == "1"
+    env = run_env("block+pread+route+wait+lru", None, False, keep_cap=6)
+    assert env[ENV_MODE] == "block" and env[ENV_PREFETCH_RANDOM] is None and env[ENV_PREFETCH_WAIT] == "1"
+    for mode in MODES:
+        env = run_env(mode, None, False, keep_cap=6)
+        spec = parse_mode(mode)
+        assert (env[ENV_PREFETCH_KEEP] == "lru") == spec.lru == (env[ENV_PREFETCH_DEBUG_KEEP_CAP] is not None)
+        assert (env[ENV_PREFETCH_RANDOM] == "1") == spec.exact and (env[ENV_PREFETCH_WAIT] == "1") == spec.wait
+    with pytest.raises(ValueError, match="keep_cap"):
+        run_env("route+lru", None, False)  # an LRU of no size would prove nothing
+
+
+_ROUTED = {
+    "route": 1, "route_bytes": 0, "route_resident": 4096, "prefetch_failed": 0,
+    "wait": 0, "keep": 0, "keep_evicted": 0, "keep_capacity": -1,
+}  # fmt: skip
+
+
+def test_the_counters_prove_wait_and_lru():
+    """+wait passes only with the counters' wait 1, +lru only with keep 1, an eviction and the
+    capacity asked for; a mode that asks for neither fails where either is on."""
+    wait, lru = parse_mode("pread+route+exact+wait"), parse_mode("route+lru")
+    assert route_problem(_ROUTED, parse_mode("route")) is None
+    assert route_problem(_ROUTED | {"wait": 1}, wait) is None
+    assert "WAIT=1 was asked for, the context's counters show wait 0" in route_problem(_ROUTED, wait)
+    assert "WAIT=1 was not asked for" in route_problem(_ROUTED | {"wait": 1}, parse_mode("route"))
+    good = _ROUTED | {"keep": 1, "keep_evicted": 12, "keep_capacity": 6}
+    assert route_problem(good, lru, 6) is None
+    assert "KEEP=lru was asked for, the context's counters show keep 0" in route_problem(good | {"keep": 0}, lru, 6)
+    assert "evicted nothing" in route_problem(good | {"keep_evicted": 0}, lru, 6)
+    assert "held to 6 experts" in route_problem(good | {"keep_capacity": 40}, lru, 6)
+    assert "KEEP=lru was not asked for" in route_problem(good, parse_mode("route"))
+    assert keep_wait_problem(_ROUTED, parse_mode("block+read")) is None  # a mode without route time
+    assert "not asked for" in keep_wait_problem(_ROUTED | {"keep": 1}, parse_mode("block+read"))
+
+
+def test_the_header_proves_the_call_exact_and_wait():
+    base = TraceHeader.build(n_layer=3, n_expert=4, n_expert_used=2, mode=MODE_OFF, arch="qwen3moe")
+    route = dataclasses.replace(base, prefetch_mode=PREFETCH_READ, flags=base.flags | TRACE_HDR_FLAG_ROUTE)
+    assert knob_problem(route, parse_mode("route")) is None
+    assert knob_problem(route, parse_mode("read+route")) is None
+    asked = parse_mode("pread+route+exact+wait")
+    assert "ONEBIT_MOE_PREFETCH=pread was asked for, the trace records read" in knob_problem(route, asked)
+    pread = dataclasses.replace(route, prefetch_mode=PREFETCH_PREAD)
+    assert "random (+exact) flag is clear, the mode asks for it" in knob_problem(pread, asked)
+    exact = dataclasses.replace(pread, flags=pread.flags | TRACE_HDR_FLAG_RANDOM)
+    assert "wait flag is clear, the mode asks for it" in knob_problem(exact, asked)
+    both = dataclasses.replace(exact, flags=exact.flags | TRACE_HDR_FLAG_WAIT)
+    assert knob_problem(both, asked) is None
+    assert "wait flag is set, the mode does not ask for it" in knob_problem(both, parse_mode("pread+route+exact"))
+    unrouted = dataclasses.replace(base, prefetch_mode=PREFETCH_READ)
+    assert "route flag is clear" in knob_problem(unrouted, parse_mode("route"))
+
+
+def test_a_route_mode_that_did_not_run_as_asked_fails(tiny_model, tmp_path):
+    """Real traces and counters: route alone checked as pread+route+exact+wait or route+lru fails,
+    and each passes on its own run, the mode it ran named in full."""
+    from onebit_predict.checks.bitident import SCENARIOS, run_once, run_problem
+    from onebit_predict.llama.runner import Model
+
+    runs = {}
+    with Model(tiny_model("qwen3moe")) as model:
+        for mode in ("route", "pread+route+exact+wait", "route+lru"):
+            path = tmp_path / f"{mode}.bin"
+            runs[mode] = path, run_once(model, SCENARIOS[0], mode, path, False, 0)
+    path, out = runs["route"]
+    assert run_problem(path, out.n_routed, "route", False, out.stats) == (0, None, "route")
+    problem = run_problem(path, out.n_routed, "pread+route+exact+wait", False)[1]
+    assert "ONEBIT_MOE_PREFETCH=pread was asked for" in problem
+    assert "keep 0" in route_problem(out.stats, parse_mode("route+lru"), 6)
+    path, out = runs["pread+route+exact+wait"]
+    mode = "pread+route+exact+wait"
+    assert run_problem(path, out.n_routed, mode, False, out.stats) == (0, None, mode)
+    assert route_problem(out.stats, parse_mode(mode)) is None
+    assert out.stats["wait"] == 1 and out.keep_cap is None
+    path, out = runs["route+lru"]
+    assert run_problem(path, out.n_routed, "route+lru", False, out.stats) == (0, None, "route+lru")
+    assert route_problem(out.stats, parse_mode("route+lru"), out.keep_cap) is None
+    assert out.stats["keep"] == 1 and out.stats["keep_evicted"] > 0 and out.stats["keep_capacity"] == out.keep_cap
+    assert "wait 0" in route_problem(out.stats, parse_mode("route+wait+lru"), out.keep_cap)

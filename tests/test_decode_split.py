@@ -201,6 +201,16 @@ def test_one_run_per_token_and_the_medians_over_the_rounds():
     assert decode_split([*runs, _sample(9.0, cpu_s=None)], 10) is None
 
 
+def test_the_wait_and_the_lru_per_token():
+    """route_wait_us (the route-time ops' wait) and the LRU's evictions are per token; its capacity as
+    counted; None without them (a row without the wait or the LRU)."""
+    split = run_split(_sample(10.0, route_wait_us=250_000, keep_evicted=35, keep_capacity=46), 10)
+    assert split.route_wait_ms == pytest.approx(25.0)
+    assert (split.keep_capacity, split.keep_evicted) == (46.0, pytest.approx(3.5))
+    plain = run_split(_sample(10.0), 10)
+    assert (plain.route_wait_ms, plain.keep_capacity, plain.keep_evicted) == (None, None, None)
+
+
 def _fake_measure(tmp_path, monkeypatch, **extra) -> list[MemoryRow]:
     """measure_memory on made-up samples: off and route, three rounds each."""
     monkeypatch.setattr(bench_memory, "memory_rows", lambda n: [RowConfig(), RowConfig(route=True)])
@@ -234,7 +244,7 @@ def test_the_rows_carry_the_split_into_the_table_and_the_json(tmp_path, monkeypa
     assert list(doc["rows"][1]["decode"]) == [
         "compute_ms", "wait_ms", "compute_basis", "requests_from", "requests", "request_kib_mean",
         "request_kib_largest", "request_kib_largest_is", "request_ms_mean", "in_flight", "busy", "expert_hit",
-        "room_mib", "room_need_mib",
+        "room_mib", "room_need_mib", "route_wait_ms", "keep_capacity", "keep_evicted",
     ]  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(doc))
     back = load_measured(tmp_path / "r.json")

@@ -19,12 +19,18 @@ from onebit_predict.constants import (
     ENV_MODE,
     ENV_OUT,
     ENV_PREFETCH,
+    ENV_PREFETCH_DEBUG_KEEP_CAP,
+    ENV_PREFETCH_KEEP,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_RANDOM,
+    ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
+    ENV_PREFETCH_WAIT,
     ENV_STATS,
     EXIT_OK,
     PREFETCH_ADVISE,
     PREFETCH_OFF,
+    PREFETCH_PREAD,
     PREFETCH_READ,
     PREFETCH_THREADS_DEFAULT,
 )
@@ -56,6 +62,27 @@ def run(model_path: Path, trace: Path, env: dict[str, str | None], use_mmap: boo
     return Trace.open(trace)
 
 
+def run_evicted_with_stats(model_path: Path, env: dict[str, str | None]) -> dict[str, int] | None:
+    """A prefill and N_DECODE single-token steps, the expert pages evicted (readahead off on them) before
+    each step; the context's counters (onebit_moe_get_stats) as the last step ended."""
+    from onebit_predict.llama.moe_stats import context_stats
+    from onebit_predict.llama.runner import llama
+
+    with Model(model_path) as model:
+        pages = ExpertPages(model_path)
+        pages.random_access()
+        method = pages.detect()[0]
+        toks = builtin_tokens(N_PROMPT + N_DECODE, model.n_vocab, 3)
+        with Context(model, ContextSettings(n_ubatch=8), env) as ctx:
+            ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [True] * N_PROMPT)
+            for i in range(N_DECODE):
+                pages.evict(method)
+                ctx.decode([toks[N_PROMPT + i]], [N_PROMPT + i], [0], [True])
+            stats = context_stats(llama(), ctx.ptr)
+        pages.close()
+    return stats
+
+
 @pytest.mark.parametrize("consumer, mode", [("advise", PREFETCH_ADVISE), ("read", PREFETCH_READ)])
 def test_consumer_issues_the_predicted_experts_and_counts_them(tiny_model, tmp_path, consumer, mode):
     path = tiny_model("qwen3moe")
@@ -79,9 +106,6 @@ def test_route_time_reads_the_routed_experts_alone(tiny_model, tmp_path, capfd):
     """ONEBIT_MOE_PREFETCH_ROUTE=1 with the predictor off: the consumer reads each layer's routed experts
     with the default call (read), speculates nothing; with _RANDOM=1 the header says so; evicted pages
     are found missing when routed (route_bytes), and the log names both."""
-    from onebit_predict.llama.moe_stats import context_stats
-    from onebit_predict.llama.runner import llama
-
     path = tiny_model("qwen3moe")
     # the room rule off: here the model fits, and route would idle (the room rule's "fits")
     env = {
@@ -90,18 +114,7 @@ def test_route_time_reads_the_routed_experts_alone(tiny_model, tmp_path, capfd):
         "ONEBIT_MOE_PREFETCH_RANDOM": "1",
         "ONEBIT_MOE_PREFETCH_ROOM": "0",
     }
-    with Model(path) as model:
-        pages = ExpertPages(path)
-        pages.random_access()
-        method = pages.detect()[0]
-        toks = builtin_tokens(N_PROMPT + N_DECODE, model.n_vocab, 3)
-        with Context(model, ContextSettings(n_ubatch=8), env) as ctx:
-            ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [True] * N_PROMPT)
-            for i in range(N_DECODE):
-                pages.evict(method)
-                ctx.decode([toks[N_PROMPT + i]], [N_PROMPT + i], [0], [True])
-            stats = context_stats(llama(), ctx.ptr)
-        pages.close()
+    stats = run_evicted_with_stats(path, env)
     h = Trace.open(tmp_path / "t.bin").header
     assert (h.prefetch_mode, h.speculative, h.route, h.random) == (PREFETCH_READ, False, True, True)
     assert stats is not None and (stats["route"], stats["speculative"], stats["prefetch"]) == (1, 0, PREFETCH_READ)
@@ -210,3 +223,44 @@ def test_drive_measurement_needs_a_writable_directory(tmp_path):
     figures = measure_drive(tmp_path, size=4 << 20)
     assert figures.bandwidth_mb_s > 0 and figures.page_read_us > 0
     assert list(tmp_path.iterdir()) == []  # the scratch file is gone
+
+
+def test_route_preads_waits_and_the_lru_pages_out(tiny_model, tmp_path, capfd):
+    """ONEBIT_MOE_PREFETCH=pread with route, readahead off, the wait and the LRU held small: on evicted
+    pages the workers read through the file (the header's call and its bytes), every op that queued a read
+    waited for it, and the LRU evicted; the log names each."""
+
+    path = tiny_model("qwen3moe")
+    env = {
+        ENV_OUT: str(tmp_path / "t.bin"),
+        ENV_PREFETCH: "pread",
+        ENV_PREFETCH_ROUTE: "1",
+        ENV_PREFETCH_RANDOM: "1",
+        ENV_PREFETCH_WAIT: "1",
+        ENV_PREFETCH_KEEP: "lru",
+        ENV_PREFETCH_DEBUG_KEEP_CAP: "8",  # 2 experts a layer (n_expert_used): it must evict
+        ENV_PREFETCH_ROOM: "0",  # the model fits: route would idle
+    }
+    stats = run_evicted_with_stats(path, env)
+    trace = Trace.open(tmp_path / "t.bin")
+    h = trace.header
+    assert (h.prefetch_mode, h.route, h.random, h.wait) == (PREFETCH_PREAD, True, True, True)
+    assert stats is not None and (stats["prefetch"], stats["wait"], stats["keep"]) == (PREFETCH_PREAD, 1, 1)
+    assert stats["route_bytes"] > 0 and stats["prefetch_failed"] == 0
+    assert stats["route_waits"] > 0 and stats["keep_evicted"] > 0 and stats["keep_capacity"] == 8
+    t = h.prefetch_totals
+    assert t is not None and t.touched_bytes > 0 and t.failed == 0  # pread read them, through the file
+    err = capfd.readouterr().err
+    assert "(the layer waits for them)" in err and "ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP=8" in err
+
+
+def test_pread_without_mmap_turns_the_consumer_off_with_a_notice(tiny_model, tmp_path, capfd):
+    """pread reads through the file behind the mapping: without mmap there is none, as for every call."""
+    trace = run(
+        tiny_model("qwen3moe"),
+        tmp_path / "t.bin",
+        {ENV_PREFETCH: "pread", ENV_PREFETCH_ROUTE: "1"},
+        use_mmap=False,
+    )
+    assert trace.header.prefetch_mode == PREFETCH_OFF
+    assert "not mmapped from the model file" in capfd.readouterr().err

@@ -1,7 +1,7 @@
 """The prefetch consumer's policy (ONEBIT_MOE_PREFETCH*): onebit_predict.policy.parse_prefetch
-against every `prefetch` and `route` case of ctest_port/cases.tsv and its exact warning texts; then the C++
-onebit_prefetch_parse (through cffi) against the same cases, and against the Python policy on
-random and malformed environments: same fields, same warnings.
+against every `prefetch`, `route`, `wait` and `keep` case of ctest_port/cases.tsv and its exact
+warning texts; then the C++ onebit_prefetch_parse (through cffi) against the same cases, and against
+the Python policy on random and malformed environments: same fields, same warnings.
 
 The C half needs the patched tree (ONEBIT_LLAMA_TREE, or the tree build.sh recorded; the
 ``c_policy`` fixture marks it needs_build), which one pin makes the tree of the series: its
@@ -14,12 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctest_port.cases import GuardCase, PrefetchCase, RoomCase, RouteCase, read_cases
+from ctest_port.cases import GuardCase, KeepCase, PrefetchCase, RoomCase, RouteCase, WaitCase, read_cases
 from onebit_predict import constants as k
 from onebit_predict.policy import PrefetchEnv, PrefetchPolicy, parse_prefetch, prefetch_mode_name
 
 CASES = [c for c in read_cases() if isinstance(c, PrefetchCase)]
 ROUTE_CASES = [c for c in read_cases() if isinstance(c, RouteCase)]
+WAIT_CASES = [c for c in read_cases() if isinstance(c, WaitCase)]
+KEEP_CASES = [c for c in read_cases() if isinstance(c, KeepCase)]
 WARN_CAP = 1 << 16
 LIMIT = k.PREFETCH_MAX_BYTES_LIMIT
 
@@ -51,6 +53,27 @@ def test_parse_route(case: RouteCase) -> None:
     assert (p.mode, p.speculative, p.route, p.random, len(warnings)) == case[3:]
 
 
+def test_there_are_wait_cases() -> None:
+    assert len(WAIT_CASES) >= 20
+
+
+@pytest.mark.parametrize("case", WAIT_CASES, ids=lambda c: f"line{c.line}")
+def test_parse_wait(case: WaitCase) -> None:
+    p, warnings = parse_prefetch(case.env, case.predict_mode)
+    assert (p.mode, p.wait, len(warnings)) == case[3:]
+
+
+def test_there_are_keep_cases() -> None:
+    assert len(KEEP_CASES) >= 30
+    assert {c.keep for c in KEEP_CASES} == {k.KEEP_KERNEL, k.KEEP_LRU}
+
+
+@pytest.mark.parametrize("case", KEEP_CASES, ids=lambda c: f"line{c.line}")
+def test_parse_keep(case: KeepCase) -> None:
+    p, warnings = parse_prefetch(case.env, case.predict_mode)
+    assert (p.keep, len(warnings)) == case[3:]
+
+
 def test_from_environ() -> None:
     environ = {
         "ONEBIT_MOE_PREFETCH": "read",
@@ -72,6 +95,20 @@ def test_from_environ() -> None:
         ),
         [],
     )
+    waited = {"ONEBIT_MOE_PREFETCH": "pread", "ONEBIT_MOE_PREFETCH_ROUTE": "1", "ONEBIT_MOE_PREFETCH_WAIT": "on"}
+    assert PrefetchEnv.from_environ(waited) == PrefetchEnv(mode="pread", route="1", wait="on")
+    assert parse_prefetch(PrefetchEnv.from_environ(waited), k.MODE_OFF) == (
+        PrefetchPolicy(mode=k.PREFETCH_PREAD, n_threads=k.PREFETCH_THREADS_DEFAULT, max_bytes=0, route=True, wait=True),
+        [],
+    )
+    kept = {"ONEBIT_MOE_PREFETCH_ROUTE": "1", "ONEBIT_MOE_PREFETCH_KEEP": " LRU"}
+    assert PrefetchEnv.from_environ(kept) == PrefetchEnv(route="1", keep=" LRU")
+    assert parse_prefetch(PrefetchEnv.from_environ(kept), k.MODE_OFF) == (
+        PrefetchPolicy(
+            mode=k.PREFETCH_ROUTE_CALL, n_threads=k.PREFETCH_THREADS_DEFAULT, max_bytes=0, route=True, keep=k.KEEP_LRU
+        ),
+        [],
+    )
 
 
 def test_every_variable_is_read() -> None:
@@ -80,6 +117,8 @@ def test_every_variable_is_read() -> None:
     env = PrefetchEnv.from_environ(environ)
     assert len(set(env)) == len(PrefetchEnv._fields) and None not in env
     assert k.ENV_PREFETCH_ROUTE in k.ENV_ALL and k.ENV_PREFETCH_RANDOM in k.ENV_ALL
+    assert k.ENV_PREFETCH_WAIT in k.ENV_ALL and "wait" in PrefetchEnv._fields
+    assert k.ENV_PREFETCH_KEEP in k.ENV_ALL and "keep" in PrefetchEnv._fields
 
 
 def test_defaults() -> None:
@@ -92,7 +131,7 @@ def test_defaults() -> None:
 def test_warning_texts() -> None:
     _, warnings = parse_prefetch(PrefetchEnv(mode=" Turbo ", max_bytes=" 1.5M", threads="two "), k.MODE_ROUTER)
     assert warnings == [
-        "ONEBIT_MOE_PREFETCH=' Turbo ' is not one of off|advise|read|populate; using off",
+        "ONEBIT_MOE_PREFETCH=' Turbo ' is not one of off|advise|read|populate|pread; using off",
         "ONEBIT_MOE_PREFETCH_MAX_BYTES=' 1.5M' is not a byte count (N, Nk, Nm or Ng, at most 1 TiB); no cap",
         "ONEBIT_MOE_PREFETCH_THREADS='two ' is not a non-negative integer; using 8",
     ]
@@ -124,14 +163,122 @@ def test_route_warning_texts() -> None:
     ]
     p, warnings = parse_prefetch(PrefetchEnv(mode="fast", random="2"), k.MODE_BLOCK)
     assert warnings == [
-        "ONEBIT_MOE_PREFETCH='fast' is not one of off|advise|read|populate; using off",
+        "ONEBIT_MOE_PREFETCH='fast' is not one of off|advise|read|populate|pread; using off",
         "ONEBIT_MOE_PREFETCH_RANDOM='2' is not one of 1|0|true|false|yes|no|on|off; using 0",
     ]
     assert (p.mode, p.speculative, p.route, p.random) == (k.PREFETCH_OFF, False, False, False)
 
 
+WAIT_WORDS = (
+    "ONEBIT_MOE_PREFETCH_WAIT=1 needs route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1) by a call that finishes "
+    "them (read, populate or pread, not advise); ignored"
+)
+# (env, predict mode, the warnings in C's order: the call, _ROUTE, _RANDOM, their needs, _WAIT, its need;
+# the call, route, wait as parsed)
+WAIT_TEXTS = [
+    (PrefetchEnv(mode="\tAdvise ", route="1", wait=" yes"), k.MODE_OFF, [WAIT_WORDS], (k.PREFETCH_ADVISE, True, False)),
+    (
+        PrefetchEnv(mode="PREAD", random="1", wait="1"),
+        k.MODE_OFF,
+        [
+            "ONEBIT_MOE_PREFETCH=pread needs ONEBIT_MOE_PREDICT=router, block or learned, "
+            "or ONEBIT_MOE_PREFETCH_ROUTE=1; using off",
+            "ONEBIT_MOE_PREFETCH_RANDOM=1 needs the consumer on (ONEBIT_MOE_PREFETCH or ONEBIT_MOE_PREFETCH_ROUTE); "
+            "ignored",
+            WAIT_WORDS,
+        ],
+        (k.PREFETCH_OFF, False, False),
+    ),
+    (
+        PrefetchEnv(mode="preads", route="1", wait="maybe"),
+        k.MODE_ROUTER,
+        [
+            "ONEBIT_MOE_PREFETCH='preads' is not one of off|advise|read|populate|pread; using off",
+            "ONEBIT_MOE_PREFETCH_WAIT='maybe' is not one of 1|0|true|false|yes|no|on|off; using 0",
+        ],
+        (k.PREFETCH_ROUTE_CALL, True, False),
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "predict_mode", "texts", "parsed"), WAIT_TEXTS)
+def test_wait_warning_texts(env: PrefetchEnv, predict_mode: int, texts: list[str], parsed: tuple) -> None:
+    p, warnings = parse_prefetch(env, predict_mode)
+    assert warnings == texts
+    assert (p.mode, p.route, p.wait) == parsed
+
+
+KEEP_BAD = "is not one of kernel|lru; using kernel"
+KEEP_NEEDS = "ONEBIT_MOE_PREFETCH_KEEP=lru needs route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1); ignored"
+# (env, predict mode, the warnings in C's order: the call, _ROUTE, _RANDOM, their needs, _WAIT, its need,
+# _KEEP, its need; the call, route, wait, keep as parsed)
+KEEP_TEXTS = [
+    # lru without route: one warning, kernel
+    (PrefetchEnv(keep="lru"), k.MODE_OFF, [KEEP_NEEDS], (k.PREFETCH_OFF, False, False, k.KEEP_KERNEL)),
+    (
+        PrefetchEnv(mode="read", keep="\tLru "),
+        k.MODE_ROUTER,
+        [KEEP_NEEDS],
+        (k.PREFETCH_READ, False, False, k.KEEP_KERNEL),
+    ),
+    # a bad value, with route and without: the raw value quoted, kernel, never the need as well
+    (
+        PrefetchEnv(route="1", keep=" LFU\t"),
+        k.MODE_OFF,
+        [f"ONEBIT_MOE_PREFETCH_KEEP=' LFU\t' {KEEP_BAD}"],
+        (k.PREFETCH_ROUTE_CALL, True, False, k.KEEP_KERNEL),
+    ),
+    (
+        PrefetchEnv(keep="lru2"),
+        k.MODE_BLOCK,
+        [f"ONEBIT_MOE_PREFETCH_KEEP='lru2' {KEEP_BAD}"],
+        (k.PREFETCH_OFF, False, False, k.KEEP_KERNEL),
+    ),
+    # keep with wait: both kept, no warning
+    (
+        PrefetchEnv(mode="pread", route="1", wait="1", keep="LRU"),
+        k.MODE_OFF,
+        [],
+        (k.PREFETCH_PREAD, True, True, k.KEEP_LRU),
+    ),
+    # advise with route: the wait dropped (its reads are not finished), lru kept (it needs route alone)
+    (
+        PrefetchEnv(mode="advise", route="1", wait="yes", keep="lru"),
+        k.MODE_ROUTER,
+        [WAIT_WORDS],
+        (k.PREFETCH_ADVISE, True, False, k.KEEP_LRU),
+    ),
+    # neither has route: the wait's warning, then keep's
+    (
+        PrefetchEnv(mode="read", wait="on", keep="lru"),
+        k.MODE_LEARNED,
+        [WAIT_WORDS, KEEP_NEEDS],
+        (k.PREFETCH_READ, False, False, k.KEEP_KERNEL),
+    ),
+    # every warning of the two at once, in order: the call, its need, the wait's value, keep's value
+    (
+        PrefetchEnv(mode="populate", wait="maybe", keep="most-recent"),
+        k.MODE_OFF,
+        [
+            "ONEBIT_MOE_PREFETCH=populate needs ONEBIT_MOE_PREDICT=router, block or learned, "
+            "or ONEBIT_MOE_PREFETCH_ROUTE=1; using off",
+            "ONEBIT_MOE_PREFETCH_WAIT='maybe' is not one of 1|0|true|false|yes|no|on|off; using 0",
+            f"ONEBIT_MOE_PREFETCH_KEEP='most-recent' {KEEP_BAD}",
+        ],
+        (k.PREFETCH_OFF, False, False, k.KEEP_KERNEL),
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "predict_mode", "texts", "parsed"), KEEP_TEXTS)
+def test_keep_warning_texts(env: PrefetchEnv, predict_mode: int, texts: list[str], parsed: tuple) -> None:
+    p, warnings = parse_prefetch(env, predict_mode)
+    assert warnings == texts
+    assert (p.mode, p.route, p.wait, p.keep) == parsed
+
+
 def test_prefetch_mode_name() -> None:
-    assert [prefetch_mode_name(m) for m in range(-1, 5)] == ["off", "off", "advise", "read", "populate", "off"]
+    assert [prefetch_mode_name(m) for m in range(-1, 6)] == ["off", "off", "advise", "read", "populate", "pread", "off"]
 
 
 @pytest.mark.parametrize(
@@ -185,8 +332,11 @@ def c_parse_prefetch(c_policy, env: PrefetchEnv, predict_mode: int) -> tuple[Pre
         speculative=bool(out.speculative),
         route=bool(out.route),
         random=bool(out.random),
+        wait=bool(out.wait),
+        keep=out.keep,
     )
-    assert {out.speculative, out.route, out.random} <= {0, 1}
+    assert {out.speculative, out.route, out.random, out.wait} <= {0, 1}
+    assert out.keep in k.KEEP_NAMES
     return policy, n_warn, ffi.string(warn).decode()
 
 
@@ -206,8 +356,10 @@ def test_c_constants(c_policy) -> None:
         lib.ONEBIT_PREFETCH_ADVISE,
         lib.ONEBIT_PREFETCH_READ,
         lib.ONEBIT_PREFETCH_POPULATE,
-    ) == (k.PREFETCH_OFF, k.PREFETCH_ADVISE, k.PREFETCH_READ, k.PREFETCH_POPULATE)
+        lib.ONEBIT_PREFETCH_PREAD,
+    ) == (k.PREFETCH_OFF, k.PREFETCH_ADVISE, k.PREFETCH_READ, k.PREFETCH_POPULATE, k.PREFETCH_PREAD)
     assert lib.ONEBIT_PREFETCH_ROUTE_CALL == k.PREFETCH_ROUTE_CALL
+    assert (lib.ONEBIT_KEEP_KERNEL, lib.ONEBIT_KEEP_LRU) == (k.KEEP_KERNEL, k.KEEP_LRU)
     assert lib.ONEBIT_PREFETCH_THREADS_DEFAULT == k.PREFETCH_THREADS_DEFAULT
     assert lib.ONEBIT_PREFETCH_THREADS_MAX == k.PREFETCH_THREADS_MAX
     assert lib.ONEBIT_PREFETCH_MAX_BYTES_LIMIT == k.PREFETCH_MAX_BYTES_LIMIT
@@ -235,9 +387,35 @@ def test_c_parse_route(c_policy, case: RouteCase) -> None:
     assert (p.mode, p.speculative, p.route, p.random, n_warn) == case[3:]
 
 
+@pytest.mark.parametrize("case", WAIT_CASES, ids=lambda c: f"line{c.line}")
+def test_c_parse_wait(c_policy, case: WaitCase) -> None:
+    p, n_warn = assert_prefetch_parity(c_policy, case.env, case.predict_mode)
+    assert (p.mode, p.wait, n_warn) == case[3:]
+
+
+@pytest.mark.parametrize(("env", "predict_mode", "texts", "parsed"), WAIT_TEXTS)
+def test_c_wait_warning_texts(c_policy, env: PrefetchEnv, predict_mode: int, texts: list[str], parsed: tuple) -> None:
+    p, _, text = c_parse_prefetch(c_policy, env, predict_mode)
+    assert text == "\n".join(texts)
+    assert (p.mode, p.route, p.wait) == parsed
+
+
+@pytest.mark.parametrize("case", KEEP_CASES, ids=lambda c: f"line{c.line}")
+def test_c_parse_keep(c_policy, case: KeepCase) -> None:
+    p, n_warn = assert_prefetch_parity(c_policy, case.env, case.predict_mode)
+    assert (p.keep, n_warn) == case[3:]
+
+
+@pytest.mark.parametrize(("env", "predict_mode", "texts", "parsed"), KEEP_TEXTS)
+def test_c_keep_warning_texts(c_policy, env: PrefetchEnv, predict_mode: int, texts: list[str], parsed: tuple) -> None:
+    p, _, text = c_parse_prefetch(c_policy, env, predict_mode)
+    assert text == "\n".join(texts)
+    assert (p.mode, p.route, p.wait, p.keep) == parsed
+
+
 def test_c_prefetch_mode_name(c_policy) -> None:
     ffi, lib = c_policy
-    for mode in range(-2, 6):
+    for mode in range(-2, 7):
         assert ffi.string(lib.onebit_prefetch_mode_name(mode)).decode() == prefetch_mode_name(mode)
 
 
@@ -249,6 +427,9 @@ WORDS = [
     "advise",
     "read",
     "populate",
+    "pread",
+    "kernel",
+    "lru",
     "on",
     "madvise",
     "router",

@@ -112,6 +112,13 @@ COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
     "requests/token": (lambda r: r["decode"]["requests"], ""),
     "mean KiB": (lambda r: r["decode"]["request_kib_mean"] or 0, ""),
     "room MiB": (lambda r: r["decode"]["room_mib"], ""),
+    "route wait ms": (lambda r: r["decode"]["route_wait_ms"], ""),
+    "in flight": (lambda r: r["decode"]["in_flight"], ""),
+    "expert hit %": (lambda r: None if r["decode"]["expert_hit"] is None else 100 * r["decode"]["expert_hit"], ""),
+    "MiB missing/token": (
+        lambda r: None if r.get("route_missing_per_token") is None else r["route_missing_per_token"] / MIB,
+        "",
+    ),
 }
 KEYS = ("limit MiB", "configuration")
 

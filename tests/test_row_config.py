@@ -176,3 +176,28 @@ def test_the_measured_reports_are_read_by_their_names(path, caplog):
             assert row.config.name == row.name
         if r.get("env") is not None:
             assert row.config.env(r["env"].get("ONEBIT_MOE_PREFETCH_DEBUG_ORACLE")) == r["env"]
+
+
+def test_the_read_path_knobs_name_their_rows_and_the_page_model_does_not_play_them():
+    """pread, the wait and the LRU are a row's call and knobs (its name, its environment, read back from
+    the name); the page model lists such rows as not played rather than playing them as plain route."""
+    from onebit_predict.costmodel.page_check import playable
+    from onebit_predict.costmodel.row_config import from_name
+
+    cfg = RowConfig(consumer="pread", route=True, random=True, wait=1, keep="lru")
+    assert cfg.name == "pread + route, exact, wait 1, keep lru"
+    assert from_name(cfg.name) == cfg
+    env = cfg.env()
+    assert (env["ONEBIT_MOE_PREFETCH"], env["ONEBIT_MOE_PREFETCH_WAIT"], env["ONEBIT_MOE_PREFETCH_KEEP"]) == (
+        "pread",
+        "1",
+        "lru",
+    )
+    knobs = RowConfig(route=True).knobs()
+    assert (
+        knobs["ONEBIT_MOE_PREFETCH_WAIT"] is None and knobs["ONEBIT_MOE_PREFETCH_KEEP"] is None
+    )  # pinned, not inherited
+    with pytest.raises(ValueError):
+        RowConfig(route=True, keep="mru")
+    for row in (cfg, RowConfig(route=True, keep="lru"), RowConfig(route=True, wait=1)):
+        assert not playable(row, None)  # before the trace is looked at

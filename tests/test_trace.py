@@ -15,14 +15,17 @@ from onebit_predict.constants import (
     MODE_BLOCK,
     PREFETCH_ADVISE,
     PREFETCH_POPULATE,
+    PREFETCH_PREAD,
+    PREFETCH_READ,
     TRACE_FLAG_DECODE,
     TRACE_FLAG_PREDICTED,
     TRACE_HDR_FLAG_RANDOM,
     TRACE_HDR_FLAG_ROUTE,
     TRACE_HDR_FLAG_SPECULATIVE,
+    TRACE_HDR_FLAG_WAIT,
     TRACE_HDR_FLAGS_KNOWN,
 )
-from onebit_predict.trace import Trace, TraceError, TraceHeader, open_trace, record_dtype
+from onebit_predict.trace import PrefetchTotals, Trace, TraceError, TraceHeader, open_trace, record_dtype
 
 
 def small_header(**kw) -> TraceHeader:
@@ -297,41 +300,48 @@ def test_unknown_prefetch_mode_is_rejected(tmp_path):
         Trace.open(path)
 
 
-# --- the consumer's bits 12..14: route time, readahead off, speculative ----------------------
+# --- the consumer's bits 12..15: route time, readahead off, speculative, the wait -------------
 
 
 def test_consumer_bits_at_their_documented_offset(tmp_path):
-    """Bits 12, 13 and 14 of the u32 at offset 52, and the populate call (3), packed by hand."""
+    """Bits 12, 13, 14 and 15 of the u32 at offset 52, and the populate call (3), packed by hand."""
     head = bytearray(doc_header(version=3))
-    flags = struct.unpack_from("<I", head, 52)[0] | 1 << 8 | 1 << 12 | 1 << 13 | 1 << 14 | 4 << 16
+    flags = struct.unpack_from("<I", head, 52)[0] | 1 << 8 | 1 << 12 | 1 << 13 | 1 << 14 | 1 << 15 | 4 << 16
     struct.pack_into("<I", head, 52, flags)
     struct.pack_into("<IIq", head, 408, 3, 8, 0)
     path = tmp_path / "t"
     path.write_bytes(bytes(head))
     h = Trace.open(path).header
     assert (h.prefetch_name, h.prefetch_threads) == ("populate", 8)
-    assert (h.route, h.random, h.speculative) == (True, True, True)
+    assert (h.route, h.random, h.speculative, h.wait) == (True, True, True, True)
     assert (h.ahead, h.prefetch_guard, h.no_attn, h.stats) == (1, 4, True, True)  # the neighbours are untouched
 
 
 @pytest.mark.parametrize(
     ("bit", "name"),
-    [(TRACE_HDR_FLAG_ROUTE, "route"), (TRACE_HDR_FLAG_RANDOM, "random"), (TRACE_HDR_FLAG_SPECULATIVE, "speculative")],
+    [
+        (TRACE_HDR_FLAG_ROUTE, "route"),
+        (TRACE_HDR_FLAG_RANDOM, "random"),
+        (TRACE_HDR_FLAG_SPECULATIVE, "speculative"),
+        (TRACE_HDR_FLAG_WAIT, "wait"),
+    ],
 )
 def test_each_consumer_bit_round_trips_alone(bit, name):
     assert bit & TRACE_HDR_FLAGS_KNOWN == bit
-    names = ("route", "random", "speculative")
+    names = ("route", "random", "speculative", "wait")
     built = dataclasses.replace(small_header(flags=bit), prefetch_mode=PREFETCH_POPULATE, prefetch_threads=8)
     h = TraceHeader.from_bytes(built.to_bytes())  # validated: the bit is not refused
     assert {n: getattr(h, n) for n in names} == {n: n == name for n in names}
     assert not getattr(TraceHeader.from_bytes(small_header().to_bytes()), name)
 
 
-def test_consumer_bits_are_distinct_and_bit_15_is_still_refused(tmp_path):
-    assert (TRACE_HDR_FLAG_ROUTE, TRACE_HDR_FLAG_RANDOM, TRACE_HDR_FLAG_SPECULATIVE) == (0x1000, 0x2000, 0x4000)
+def test_consumer_bits_are_distinct_and_bit_24_is_still_refused(tmp_path):
+    bits = (TRACE_HDR_FLAG_ROUTE, TRACE_HDR_FLAG_RANDOM, TRACE_HDR_FLAG_SPECULATIVE, TRACE_HDR_FLAG_WAIT)
+    assert bits == (0x1000, 0x2000, 0x4000, 0x8000)
+    assert TRACE_HDR_FLAGS_KNOWN >> 24 == 0  # bits 16..23 are the guard's window; nothing above it
     head = bytearray(small_header().to_bytes())
-    struct.pack_into("<I", head, 52, struct.unpack_from("<I", head, 52)[0] | 1 << 15)
-    with pytest.raises(TraceError, match="unknown bits 0x8000"):
+    struct.pack_into("<I", head, 52, struct.unpack_from("<I", head, 52)[0] | 1 << 24)
+    with pytest.raises(TraceError, match="unknown bits 0x1000000"):
         TraceHeader.from_bytes(bytes(head))
 
 
@@ -352,3 +362,35 @@ def test_stats_summary_names_what_the_consumer_read():
     # a trace from before the bits: the predicted experts were the consumer's only reads, said as before
     old = dataclasses.replace(small_header(), prefetch_mode=PREFETCH_ADVISE, prefetch_threads=2)
     assert prefetch_summary(old).startswith("\nprefetch advise | cap none | totals unknown")
+
+
+def test_stats_summary_says_the_route_time_op_waited():
+    """Bit 15 (WAIT) on the consumer's line, after what it read and before readahead off, and in --json."""
+    flags = TRACE_HDR_FLAG_ROUTE | TRACE_HDR_FLAG_WAIT
+    waited = dataclasses.replace(small_header(flags=flags), prefetch_mode=PREFETCH_READ, prefetch_threads=8)
+    line = prefetch_summary(waited)
+    assert line.startswith("\nprefetch read (reads at route time, each layer waiting for its reads) | cap none | 8 w")
+    exact = dataclasses.replace(waited, flags=flags | TRACE_HDR_FLAG_RANDOM | TRACE_HDR_FLAG_SPECULATIVE)
+    assert prefetch_summary(exact).startswith(
+        "\nprefetch read (reads predicted + at route time, each layer waiting for its reads, readahead off) | cap none"
+    )
+    assert (header_dict(waited)["prefetch_wait"], header_dict(exact)["prefetch_wait"]) == (True, True)
+    # without the bit: not a word of it, and False in --json
+    unwaited = dataclasses.replace(waited, flags=TRACE_HDR_FLAG_ROUTE)
+    assert "waiting" not in prefetch_summary(unwaited) and header_dict(unwaited)["prefetch_wait"] is False
+
+
+def test_stats_summary_of_a_pread_consumer():
+    """pread (prefetch_mode 4): its workers and the bytes they read, as for read and populate."""
+    totals = PrefetchTotals(3, 6, 3 << 20, 1, 4096, 0, 0, 2, 3 << 20, errors=())
+    h = dataclasses.replace(
+        small_header(flags=TRACE_HDR_FLAG_ROUTE | TRACE_HDR_FLAG_WAIT),
+        prefetch_mode=PREFETCH_PREAD,
+        prefetch_threads=4,
+        prefetch_totals=totals,
+    )
+    assert h.prefetch_name == "pread"
+    line = prefetch_summary(h)
+    waits = "(reads at route time, each layer waiting for its reads)"
+    assert line.startswith(f"\nprefetch pread {waits} | cap none | 4 workers | 3 experts, 6 ranges")
+    assert f" | {3 << 20} bytes touched | 2 ranges not queued | no failures" in line

@@ -2,8 +2,14 @@
 
 Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router, block and
 learned, and with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
-``PREDICTOR[@K][+CONSUMER][+route]``, ``@K`` predicting K layers ahead, ``+route`` reading each
-layer's routed experts at route time; ``route`` alone is route time without a predictor), in several scenarios
+``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru]]`` or ``[CALL+]route[+exact][+wait][+lru]``,
+``@K`` predicting K layers ahead, ``CALL`` the consumer's call (advise, read, populate, pread),
+``+route`` reading each layer's routed experts at route time, ``route`` without a predictor part
+route time with the predictor off; after ``+route``, in this order, ``+exact`` readahead off on the
+expert tensors (ONEBIT_MOE_PREFETCH_RANDOM=1), ``+wait`` the route-time op waiting for its layer's
+reads (ONEBIT_MOE_PREFETCH_WAIT=1, not with advise), ``+lru`` the LRU over whole experts
+(ONEBIT_MOE_PREFETCH_KEEP=lru) held to n_expert_used + 2 experts so that it evicts on a resident
+model), in several scenarios
 (multi-ubatch prefill then single-token decode; two sequences in one batch; a state save and
 restore in the middle; flash attention on and off; 1 and 2 threads), and compares every logits
 row as bytes, never with a tolerance. A predictor run passes only if it also predicted: its
@@ -11,7 +17,10 @@ trace must hold a PREDICTED record for every routed row of every predicted layer
 distance asked for, so a check that silently predicted nothing, or predicted one layer ahead
 when asked for two, cannot pass; with a consumer, the trace must also show that it ran, issued
 reads and had no failure; with route time, the context's counters (onebit_moe_get_stats) must
-show that it routes and that its op looked at the routed experts. A trace that was not written
+show that it routes and that its op looked at the routed experts. Every route-time knob is
+proven both ways, asked for or not: the header's route, random (``+exact``) and wait flags and
+its call (``route`` alone: read), the counters' ``wait`` and ``keep`` (``+lru``: 1, with an
+eviction and the capacity the check set). A trace that was not written
 whole (none at all, shorter than its header, INCOMPLETE or still OPEN:
 ``trace_written.written_problem``, e.g. ``--keep-traces`` on a full disk) fails its mode with that
 reason, never with what its missing bytes would seem to say.
@@ -36,10 +45,17 @@ from ..constants import (
     ENV_MODE,
     ENV_OUT,
     ENV_PREFETCH,
+    ENV_PREFETCH_DEBUG_KEEP_CAP,
+    ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
+    ENV_PREFETCH_WAIT,
     MODE_NAMES,
+    PREFETCH_ADVISE,
     PREFETCH_NAMES,
+    PREFETCH_OFF,
+    PREFETCH_ROUTE_CALL,
     TRACE_FLAG_PREDICTED,
 )
 from ..llama.moe_stats import context_stats
@@ -49,8 +65,8 @@ from ..trace_written import written_problem
 
 PREDICTORS = ("router", "block", "learned")
 CONSUMERS = tuple(name for name in PREFETCH_NAMES.values() if name != "off")
-# every predictor, every consumer and a lookahead of each predictor at least once; any
-# PREDICTOR[@K][+CONSUMER] is accepted
+# every predictor, every consumer and a lookahead of each predictor at least once, route time
+# alone, with a predictor and with each qualifier; any mode of the grammar (parse_mode) is accepted
 MODES = (
     "router",
     "block",
@@ -61,8 +77,13 @@ MODES = (
     "learned@2",
     "route",
     "block+populate+route",
+    "pread+route+exact+wait",
+    "route+lru",
+    "block+pread+route+wait+lru",
 )
-ROUTE = "route"  # a mode's last part: route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1)
+ROUTE = "route"  # route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1): the last part before its qualifiers
+QUALIFIERS = ("exact", "wait", "lru")  # route time's qualifiers, after +route, in this order
+KEEP_CAP_EXTRA = 2  # +lru holds n_expert_used + this many experts (ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP): it evicts
 N_PREFILL = 24
 N_DECODE = 16
 
@@ -92,6 +113,7 @@ class RunOutput:
     rows: list[bytes] = field(default_factory=list)
     n_routed: int = 0  # token rows decoded (every row asks for logits, so no layer is trimmed)
     stats: dict[str, int] | None = None  # the context's onebit counters as it ended (llama/moe_stats.py)
+    keep_cap: int | None = None  # the experts a +lru mode's LRU was held to (run_once)
 
 
 @dataclass(frozen=True)
@@ -162,33 +184,105 @@ FEEDS: dict[str, Callable[[Context, RunOutput, list[int]], None]] = {
 }
 
 
+@dataclass(frozen=True)
+class ModeSpec:
+    """A mode, parsed (parse_mode)."""
+
+    predictor: str  # router, block, learned, or off (route time alone; "off" itself is the reference)
+    ahead: int  # the K of @K, 1 without it
+    consumer: str | None  # the call named (advise, read, populate, pread), None: none named
+    route: bool = False  # +route
+    exact: bool = False  # +exact: ONEBIT_MOE_PREFETCH_RANDOM=1
+    wait: bool = False  # +wait: ONEBIT_MOE_PREFETCH_WAIT=1
+    lru: bool = False  # +lru: ONEBIT_MOE_PREFETCH_KEEP=lru
+
+    @property
+    def call(self) -> str:
+        """The call the trace header must record: the one named, route time's own (read) without one."""
+        if self.consumer is not None:
+            return self.consumer
+        return PREFETCH_NAMES[PREFETCH_ROUTE_CALL if self.route else PREFETCH_OFF]
+
+
+def _bad(mode: str, why: str) -> ValueError:
+    return ValueError(f"mode {mode!r}: {why}")
+
+
+def _qualifiers(mode: str, quals: list[str]) -> None:
+    """ValueError unless ``quals`` (the parts after +route) are qualifiers, each once, in order."""
+    for q in quals:
+        if q == ROUTE:
+            raise _bad(mode, "+route twice")
+        if q in CONSUMERS:
+            raise _bad(mode, f"the call {q} is misplaced: it comes before +route")
+        if q not in QUALIFIERS:
+            raise _bad(mode, f"{q!r} is not a qualifier of +route ({', '.join(QUALIFIERS)})")
+    if len(set(quals)) != len(quals) or quals != sorted(quals, key=QUALIFIERS.index):
+        raise _bad(mode, f"+route's qualifiers are written once each, in the order {'+'.join(QUALIFIERS)}")
+
+
+def _head(mode: str, head: list[str], route: bool) -> tuple[str, int, str | None]:
+    """(predictor, ahead, call) of the parts before +route (all of them without it)."""
+    for p in head:
+        if p in QUALIFIERS:
+            raise _bad(mode, f"+{p} qualifies route time: it comes after +route")
+    if not head:  # route alone
+        return "off", 1, None
+    if head[0] in CONSUMERS and route and len(head) == 1:  # CALL+route: the predictor off
+        return "off", 1, head[0]
+    predictor, at, k = head[0].partition("@")
+    if predictor not in PREDICTORS:
+        if head[0] in CONSUMERS:
+            raise _bad(mode, f"the call {head[0]} without a predictor needs +route")
+        raise _bad(mode, f"{head[0]!r} is not a predictor ({', '.join(PREDICTORS)}) or a call ({', '.join(CONSUMERS)})")
+    if at and k not in [str(i) for i in range(1, AHEAD_MAX + 1)]:
+        raise _bad(mode, f"@{k} is not a lookahead of 1..{AHEAD_MAX}")
+    if len(head) > 2:
+        raise _bad(mode, f"one call at most before +route, not {'+'.join(head[1:])}")
+    if len(head) == 2 and head[1] not in CONSUMERS:
+        raise _bad(mode, f"{head[1]!r} is not a call ({', '.join(CONSUMERS)})")
+    return predictor, int(k) if at else 1, head[1] if len(head) == 2 else None
+
+
+def parse_mode(mode: str) -> ModeSpec:
+    """``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru]]``, ``[CALL+]route[+exact][+wait][+lru]``
+    or ``off`` (the reference) as a ModeSpec; ValueError naming what is unknown or misplaced."""
+    if mode == "off":
+        return ModeSpec("off", 1, None)
+    parts = mode.split("+")
+    route = ROUTE in parts
+    head, quals = (parts[: parts.index(ROUTE)], parts[parts.index(ROUTE) + 1 :]) if route else (parts, [])
+    _qualifiers(mode, quals)
+    predictor, ahead, consumer = _head(mode, head, route)
+    if "wait" in quals and consumer == PREFETCH_NAMES[PREFETCH_ADVISE]:
+        raise _bad(mode, "+wait needs a call that finishes its reads (read, populate or pread), not advise")
+    return ModeSpec(predictor, ahead, consumer, route, "exact" in quals, "wait" in quals, "lru" in quals)
+
+
 def split_mode(mode: str) -> tuple[str, str | None]:
     """``block+read`` -> ("block", "read"); ``router`` -> ("router", None); ``router@2`` ->
-    ("router", None) (the distance: mode_ahead); ``block+read+route`` -> ("block", "read") (route
-    time: mode_route); ``route`` -> ("off", None). ValueError if unknown."""
-    base = mode[: -len("+" + ROUTE)] if mode.endswith("+" + ROUTE) else ("off" if mode == ROUTE else mode)
-    predictor, _, consumer = base.partition("+")
-    predictor, at, ahead = predictor.partition("@")
-    if predictor not in PREDICTORS + ("off",) or (consumer and (consumer not in CONSUMERS or predictor == "off")):
-        raise ValueError(mode)
-    if at and (predictor == "off" or ahead not in [str(k) for k in range(1, AHEAD_MAX + 1)]):
-        raise ValueError(mode)
-    if base == "off" and mode not in (ROUTE, "off"):
-        raise ValueError(mode)
-    return predictor, consumer or None
+    ("router", None) (the distance: mode_ahead); ``block+read+route+wait`` -> ("block", "read")
+    (route time: mode_route); ``route`` -> ("off", None); ``pread+route`` -> ("off", "pread").
+    ValueError if unknown (parse_mode)."""
+    spec = parse_mode(mode)
+    return spec.predictor, spec.consumer
 
 
 def mode_route(mode: str) -> bool:
-    """Whether ``mode`` reads at route time (``+route``, or ``route`` alone)."""
-    split_mode(mode)
-    return mode == ROUTE or mode.endswith("+" + ROUTE)
+    """Whether ``mode`` reads at route time (``+route``, or route alone)."""
+    return parse_mode(mode).route
 
 
 def mode_ahead(mode: str) -> int:
-    """The K of ``PREDICTOR@K[+CONSUMER]``, 1 without ``@K``."""
-    split_mode(mode)
-    _, at, ahead = mode.partition("+")[0].partition("@")
-    return int(ahead) if at else 1
+    """The K of ``PREDICTOR@K[+CALL]...``, 1 without ``@K``."""
+    return parse_mode(mode).ahead
+
+
+def n_expert_used(model: Path) -> int:
+    """The model's experts per token (its GGUF's ``expert_used_count``)."""
+    from ..grow.gguf_keys import arch_value
+
+    return int(arch_value(model, "expert_used_count"))
 
 
 def random_sidecar(model: Path, ahead: int, path: Path, seed: int) -> Path:
@@ -212,31 +306,42 @@ def random_sidecar(model: Path, ahead: int, path: Path, seed: int) -> Path:
     return path
 
 
-def run_env(mode: str, trace: Path | None, leak: bool, learned: Path | None = None) -> dict[str, str | None]:
+def run_env(
+    mode: str, trace: Path | None, leak: bool, learned: Path | None = None, keep_cap: int | None = None
+) -> dict[str, str | None]:
     """The predictor's whole environment for one run: every variable libllama reads is set or
     cleared here, so nothing is inherited from the caller (the off reference has none set, and
-    so builds exactly the unpatched graph); ``learned``: the sidecar of a learned mode."""
-    predictor, consumer = split_mode(mode)
+    so builds exactly the unpatched graph); ``learned``: the sidecar of a learned mode;
+    ``keep_cap``: the experts a ``+lru`` mode's LRU holds (required there)."""
+    spec = parse_mode(mode)
+    if spec.lru and keep_cap is None:
+        raise ValueError(f"mode {mode!r}: +lru needs the LRU's capacity (keep_cap)")
     env: dict[str, str | None] = dict.fromkeys(ENV_ALL)
-    env[ENV_MODE] = None if predictor == "off" else predictor
-    env[ENV_AHEAD] = str(mode_ahead(mode)) if "@" in mode else None
-    env[ENV_PREFETCH] = consumer
-    env[ENV_PREFETCH_ROUTE] = "1" if mode_route(mode) else None
+    env[ENV_MODE] = None if spec.predictor == "off" else spec.predictor
+    env[ENV_AHEAD] = str(spec.ahead) if "@" in mode else None
+    env[ENV_PREFETCH] = spec.consumer
+    env[ENV_PREFETCH_ROUTE] = "1" if spec.route else None
     # the room rule off with route: resident, the model fits and route would idle, reading nothing
-    env[ENV_PREFETCH_ROOM] = "0" if mode_route(mode) else None
+    env[ENV_PREFETCH_ROOM] = "0" if spec.route else None
+    env[ENV_PREFETCH_RANDOM] = "1" if spec.exact else None
+    env[ENV_PREFETCH_WAIT] = "1" if spec.wait else None
+    env[ENV_PREFETCH_KEEP] = "lru" if spec.lru else None
+    env[ENV_PREFETCH_DEBUG_KEEP_CAP] = str(keep_cap) if spec.lru else None
     env[ENV_OUT] = str(trace) if trace else None
     env[ENV_DEBUG_LEAK] = DEBUG_LEAK_UNCHECKED if leak else None
-    env[ENV_LEARNED] = str(learned) if predictor == "learned" and learned is not None else None
+    env[ENV_LEARNED] = str(learned) if spec.predictor == "learned" and learned is not None else None
     return env
 
 
 def run_once(
     model: Model, scenario: Scenario, mode: str, trace: Path | None, leak: bool, seed: int, learned: Path | None = None
 ) -> RunOutput:
-    """Feed the scenario's tokens through one fresh context with the given mode."""
-    env = run_env(mode, trace, leak, learned)
+    """Feed the scenario's tokens through one fresh context with the given mode (``+lru``: the
+    LRU held to n_expert_used + KEEP_CAP_EXTRA experts, recorded in the output's keep_cap)."""
+    keep_cap = n_expert_used(model.path) + KEEP_CAP_EXTRA if parse_mode(mode).lru else None
+    env = run_env(mode, trace, leak, learned, keep_cap)
     toks = builtin_tokens(2 * N_PREFILL + 2 * N_DECODE, model.n_vocab, seed)
-    out = RunOutput()
+    out = RunOutput(keep_cap=keep_cap)
     with Context(model, scenario.settings, env) as ctx:
         FEEDS[scenario.feed](ctx, out, toks)
         if mode != "off":
@@ -244,15 +349,57 @@ def run_once(
     return out
 
 
-def route_problem(stats: dict[str, int] | None) -> str | None:
-    """Why the context's counters do not show route time at work, or None."""
+def route_problem(
+    stats: dict[str, int] | None, spec: ModeSpec | None = None, keep_cap: int | None = None
+) -> str | None:
+    """Why the context's counters do not show route time at work as ``spec`` asks (None: plain
+    ``route``), or None: it routes and looked at the routed experts, with no failed read; ``wait``
+    1 exactly with +wait; ``keep`` 1 exactly with +lru, which must also have evicted (its
+    capacity ``keep_cap`` when given)."""
+    spec = spec or ModeSpec("off", 1, None, route=True)
     if stats is None or not stats["route"]:
         return "ONEBIT_MOE_PREFETCH_ROUTE=1 was asked for, the context does not read at route time"
     if stats["route_bytes"] + stats["route_resident"] == 0:
         return "the route-time op looked at no routed expert"
     if stats["prefetch_failed"]:
         return f"the consumer had {stats['prefetch_failed']} failed range(s)"
+    return keep_wait_problem(stats, spec, keep_cap)
+
+
+def keep_wait_problem(stats: dict[str, int], spec: ModeSpec, keep_cap: int | None = None) -> str | None:
+    """Why the counters' ``wait`` and ``keep`` are not those ``spec`` asks for, or None."""
+    if stats.get("wait", 0) != int(spec.wait):
+        asked = "was asked for" if spec.wait else "was not asked for"
+        return f"ONEBIT_MOE_PREFETCH_WAIT=1 {asked}, the context's counters show wait {stats.get('wait')}"
+    if stats.get("keep", 0) != int(spec.lru):
+        asked = "was asked for" if spec.lru else "was not asked for"
+        return f"ONEBIT_MOE_PREFETCH_KEEP=lru {asked}, the context's counters show keep {stats.get('keep')}"
+    if spec.lru:
+        if keep_cap is not None and stats["keep_capacity"] != keep_cap:
+            got = stats["keep_capacity"]
+            return f"the LRU was held to {keep_cap} experts, the context's counters show capacity {got}"
+        if stats["keep_evicted"] == 0:
+            return "ONEBIT_MOE_PREFETCH_KEEP=lru evicted nothing: the LRU was never exercised"
     return None
+
+
+def knob_problem(h: TraceHeader, spec: ModeSpec) -> str | None:
+    """Why the header's call and route-time flags are not those ``spec`` asks for, or None: the
+    call (route alone: read), route, random (+exact) and wait (+wait), each set exactly when asked."""
+    if h.prefetch_name != spec.call:
+        return f"ONEBIT_MOE_PREFETCH={spec.call} was asked for, the trace records {h.prefetch_name}"
+    for name, got, want in (("route", h.route, spec.route), ("random (+exact)", h.random, spec.exact),
+                            ("wait", h.wait, spec.wait)):  # fmt: skip
+        if got != want:
+            asks = "asks for" if want else "does not ask for"
+            return f"the trace's {name} flag is {'set' if got else 'clear'}, the mode {asks} it"
+    return None
+
+
+def _ran_suffix(h: TraceHeader, spec: ModeSpec) -> str:
+    """The mode's route part as the header records it (+lru: from the counters, check_model)."""
+    quals = [q for q, on in (("exact", h.random), ("wait", h.wait)) if on]
+    return ("+" + ROUTE if h.route else "") + "".join("+" + q for q in quals)
 
 
 def first_mismatch(a: list[bytes], b: list[bytes]) -> Mismatch | None:
@@ -348,22 +495,31 @@ def prediction_problem(
     return total, None, ran
 
 
-def run_problem(path: Path, n_routed: int, mode: str, leak: bool) -> tuple[int, str | None, str]:
+def run_problem(
+    path: Path, n_routed: int, mode: str, leak: bool, stats: dict[str, int] | None = None
+) -> tuple[int, str | None, str]:
     """prediction_problem, after the header has shown that the run was the one asked for
-    (settings_problem): a mode that did not run as asked, or a control that was not applied, fails
-    with the reason. A trace not written whole fails first, with written_problem's reason."""
+    (settings_problem, and knob_problem: the call and route time's flags): a mode that did not
+    run as asked, or a control that was not applied, fails with the reason. A trace not written
+    whole fails first, with written_problem's reason. The mode it ran ends in ``+lru`` where the
+    context's counters ``stats`` (when given) show the LRU on: the header does not record it."""
     written = written_problem(path)
     if written is not None:
         return 0, written, mode
-    predictor, consumer = split_mode(mode)
-    ahead = mode_ahead(mode)
+    spec = parse_mode(mode)
     header = Trace.open(path).header
-    if predictor == "off":  # route time alone: nothing predicted, the predictor off as asked
+    lru = "+lru" if stats is not None and stats.get("keep") else ""
+    if spec.predictor == "off":  # route time alone: nothing predicted, the predictor off as asked
         ran = MODE_NAMES.get(header.mode, "?")
-        return 0, None if ran == "off" else f"the predictor off was asked for, the trace records {ran}", ROUTE
-    predicted, problem, ran = prediction_problem(path, n_routed, consumer, ahead)
-    settings = settings_problem(header, predictor, leak, ahead)
-    return predicted, settings or problem, ran + ("+" + ROUTE if mode_route(mode) else "")
+        if ran != "off":
+            return 0, f"the predictor off was asked for, the trace records {ran}", ROUTE
+        # route alone records route time's own call (read): named only where the mode named one, or it differs
+        named = spec.consumer is not None or header.prefetch_name != spec.call
+        ran = (header.prefetch_name + "+" if named else "") + (_ran_suffix(header, spec) + lru).lstrip("+")
+        return 0, knob_problem(header, spec), ran or "off"
+    predicted, problem, ran = prediction_problem(path, n_routed, spec.consumer, spec.ahead)
+    settings = settings_problem(header, spec.predictor, leak, spec.ahead)
+    return predicted, settings or knob_problem(header, spec) or problem, ran + _ran_suffix(header, spec) + lru
 
 
 def check_model(
@@ -381,7 +537,7 @@ def check_model(
         sidecars = {
             mode: random_sidecar(model.path, mode_ahead(mode), Path(tmp) / f"learned-{mode}.gguf", seed)
             for mode in modes
-            if split_mode(mode)[0] == "learned"
+            if parse_mode(mode).predictor == "learned"
         }
         for sc in scenarios:
             ref = run_once(model, sc, "off", None, False, seed)
@@ -389,9 +545,12 @@ def check_model(
                 path = traces / f"{sc.name.replace(' ', '_').replace('+', '_')}-{mode}.bin"
                 leaky = leak and mode == "block"
                 out = run_once(model, sc, mode, path, leaky, seed, sidecars.get(mode))
-                predicted, problem, ran = run_problem(path, out.n_routed, mode, leaky)
-                if problem is None and mode_route(mode):
-                    problem = route_problem(out.stats)
+                predicted, problem, ran = run_problem(path, out.n_routed, mode, leaky, out.stats)
+                spec = parse_mode(mode)
+                if problem is None and spec.route:
+                    problem = route_problem(out.stats, spec, out.keep_cap)
+                elif problem is None and out.stats is not None:
+                    problem = keep_wait_problem(out.stats, spec)
                 mismatch = first_mismatch(ref.rows, out.rows)
                 results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))
     return results

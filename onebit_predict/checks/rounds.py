@@ -149,6 +149,9 @@ class Sample:
     drive_decode_cpu_s: float | None = None  # ... the emulator's CPU seconds while the worker decoded
     route_missing_bytes: int | None = None  # route time: what the routed experts lacked in the page cache when routed
     route_resident_bytes: int | None = None  # ... what they had resident already
+    route_wait_us: int | None = None  # ... the time the route-time ops waited for their reads (the wait knob)
+    keep_evicted: int | None = None  # keep=lru: the experts its LRU evicted while decoding
+    keep_capacity: int | None = None  # ... the experts it held at most, after the decode
     cpu_s: float | None = None  # the decode's CPU seconds: the decoding thread's (cpu_basis COMPUTE_THREAD), else all
     cpu_basis: str | None = None
     reads: ReadRequests | None = None  # the read requests the drive served while it decoded (None: not counted)
@@ -238,6 +241,9 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         out["seconds"],
         route_missing_bytes=out.get("route_missing_bytes"),
         route_resident_bytes=out.get("route_resident_bytes"),
+        route_wait_us=out.get("route_wait_us"),
+        keep_evicted=out.get("keep_evicted"),
+        keep_capacity=out.get("keep_capacity"),
         cpu_s=out.get("cpu_s"),
         cpu_basis=out.get("cpu_basis"),
         reads=None if out.get("reads") is None else ReadRequests(**out["reads"]),
@@ -356,6 +362,9 @@ def run_split(s: Sample, tokens: int) -> DecodeSplit | None:
         expert_hit_rate(s.route_resident_bytes, s.route_missing_bytes),
         _mib(s.room_bytes),
         _mib(s.room_need_bytes),
+        None if s.route_wait_us is None else s.route_wait_us / 1000 / tokens,
+        None if s.keep_capacity is None else float(s.keep_capacity),
+        None if s.keep_capacity is None or s.keep_evicted is None else s.keep_evicted / tokens,
     )
 
 

@@ -167,6 +167,9 @@ class Span:
             # route time (the consumer's route-time op): what the timed tokens' routed experts lacked when routed
             "route_missing_bytes": _route_counter(self.stats0, stats1, "route_bytes"),
             "route_resident_bytes": _route_counter(self.stats0, stats1, "route_resident"),
+            "route_wait_us": _route_counter(self.stats0, stats1, "route_wait_us"),
+            "keep_evicted": _route_counter(self.stats0, stats1, "keep_evicted"),
+            "keep_capacity": None if stats1 is None or not stats1["keep"] else stats1["keep_capacity"],
             "reads": None if reads is None else asdict(reads),
             "room_bytes": None if stats1 is None else stats1["room_bytes"],
             "room_need_bytes": None if stats1 is None else stats1["room_need_bytes"],

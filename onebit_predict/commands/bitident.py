@@ -2,7 +2,9 @@
 
 Prints one line per scenario and mode and the verdict; ``--json`` for machines. A mode
 passes when every logits row is byte-identical to the run with the predictor off and its
-trace shows a prediction for every routed row of every predicted layer.
+trace shows a prediction for every routed row of every predicted layer; a route-time mode,
+when the trace header and the context's counters show each of its qualifiers at work
+(checks/bitident.py).
 
 Exit codes: 0 identical, 1 different (or nothing predicted, or a trace that could not be
 written whole: ``FAILED: writing the trace failed: ...``), 2 usage or input error
@@ -20,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from ..checks.bitident import MODES, ROUTE, SCENARIOS, ModeResult, check_model, mode_route, split_mode
+from ..checks.bitident import MODES, SCENARIOS, ModeResult, check_model, parse_mode
 from ..constants import ENV_ALL, EXIT_CHECK_FAILED, EXIT_OK
 from ..llama.runner import Model
 from ..moe_check import require_moe_model
@@ -41,8 +43,10 @@ def _parser() -> argparse.ArgumentParser:
         "--modes",
         default=",".join(MODES),
         help="comma-separated modes to compare with off: router, block or learned, optionally @K (predict "
-        "K = 1..3 layers ahead), optionally +advise, +read or +populate (the prefetch consumer's call), "
-        "optionally +route (route-time reads); or route alone",
+        "K = 1..3 layers ahead), optionally +advise, +read, +populate or +pread (the prefetch consumer's call), "
+        "optionally +route (route-time reads); or route alone, or CALL+route (route time, the predictor off); "
+        "after +route, in this order, optionally +exact (readahead off), +wait (the route-time op waits for "
+        "its reads; not with advise), +lru (an LRU over whole experts, held small so that it evicts)",
     )
     p.add_argument(
         "--scenarios",
@@ -75,19 +79,23 @@ def _line(r: ModeResult) -> str:
     elif r.problem is not None:
         verdict = f"FAILED: {r.problem}"
     else:
-        verdict = f"identical, {r.predicted_rows} predicted rows" if r.mode != ROUTE else "identical, routed"
-    return f"{r.scenario:<28} {r.mode + ran:<20} {verdict}"
+        routed = parse_mode(r.mode).predictor == "off"  # route time alone predicts nothing
+        verdict = "identical, routed" if routed else f"identical, {r.predicted_rows} predicted rows"
+    return f"{r.scenario:<28} {r.mode + ran:<26} {verdict}"
 
 
 def _modes(text: str) -> list[str]:
     modes = [m.strip() for m in text.split(",") if m.strip()]
-    try:
-        if not modes or any(split_mode(m)[0] == "off" and not mode_route(m) for m in modes):
-            raise ValueError(text)
-    except ValueError:
-        raise UsageError(
-            f"--modes must list modes like {', '.join(MODES)} (PREDICTOR[@K][+CONSUMER][+route], or route)"
-        ) from None
+    grammar = "PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru]], or [CALL+]route[+exact][+wait][+lru]"
+    if not modes:
+        raise UsageError(f"--modes must list modes like {', '.join(MODES)} ({grammar})")
+    for m in modes:
+        try:
+            spec = parse_mode(m)
+        except ValueError as e:
+            raise UsageError(f"--modes: {e}; modes look like {', '.join(MODES)} ({grammar})") from None
+        if spec.predictor == "off" and not spec.route:
+            raise UsageError(f"--modes: {m!r} is the reference every mode is compared with, not a mode ({grammar})")
     return modes
 
 

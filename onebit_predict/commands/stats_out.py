@@ -60,11 +60,17 @@ def summary(trace: Trace, distances: tuple[int, ...]) -> str:
 
 
 def consumer_reads(h: TraceHeader) -> str:
-    """What the consumer read and how ("reads predicted + at route time, readahead off"); "" for a
-    trace written before the header said (the predicted experts, then the only reads)."""
+    """What the consumer read and how ("reads predicted + at route time, each layer waiting for its
+    reads, readahead off"); "" for a trace written before the header said (the predicted experts,
+    then the only reads)."""
     reads = " + ".join(what for what, on in (("predicted", h.speculative), ("at route time", h.route)) if on)
-    parts = ([f"reads {reads}"] if reads else []) + (["readahead off"] if h.random else [])
+    parts = [f"reads {reads}"] if reads else []
+    parts += ["each layer waiting for its reads"] if h.wait else []  # the route-time op (ONEBIT_MOE_PREFETCH_WAIT)
+    parts += ["readahead off"] if h.random else []
     return f" ({', '.join(parts)})" if parts else ""
+
+
+WORKER_CALLS = ("read", "populate", "pread")  # the calls whose workers read the bytes (touched_bytes)
 
 
 def prefetch_summary(h: TraceHeader) -> str:
@@ -73,7 +79,7 @@ def prefetch_summary(h: TraceHeader) -> str:
         return ""
     cap = f"{h.prefetch_max_bytes} bytes/token" if h.prefetch_max_bytes else "none"
     line = f"\nprefetch {h.prefetch_name}{consumer_reads(h)} | cap {cap}"
-    if h.prefetch_name in ("read", "populate"):
+    if h.prefetch_name in WORKER_CALLS:
         line += f" | {h.prefetch_threads} workers"
     t = h.prefetch_totals
     if t is None:
@@ -82,7 +88,7 @@ def prefetch_summary(h: TraceHeader) -> str:
         f" | {t.experts} experts, {t.ranges} ranges, {t.bytes} bytes issued{' ahead' if h.route else ''}"
         f" | {t.resident_bytes} bytes already resident | {t.dropped_bytes} bytes dropped by the cap"
     )
-    if h.prefetch_name in ("read", "populate"):
+    if h.prefetch_name in WORKER_CALLS:
         line += f" | {t.touched_bytes} bytes touched | {t.queue_full} ranges not queued"
     errors = ", ".join(f"errno {e} x{n}" for e, n in t.errors)
     return line + (f" | {t.failed} ranges FAILED ({errors})" if t.failed else " | no failures")
@@ -164,6 +170,7 @@ def header_dict(h: TraceHeader) -> dict:
         prefetch_speculative=h.speculative,
         prefetch_route=h.route,
         prefetch_random=h.random,
+        prefetch_wait=h.wait,
         prefetch_totals=None if h.prefetch_totals is None else h.prefetch_totals._asdict(),
     )
     return d

@@ -131,7 +131,10 @@ class DecodeSplit:
     that op was held off for the whole decode (the room rule, the guard: it looked at nothing).
     ``room_mib`` and ``room_need_mib``: the room rule's last measurement after the decode (the page
     cache the process could have, one token's weights), None where unknown (the counters' -1, or a
-    row without the consumer's object)."""
+    row without the consumer's object). ``route_wait_ms``: the time the route-time ops waited for their
+    layers' reads (ONEBIT_MOE_PREFETCH_WAIT; part of ``wait_ms``), None without route time. ``keep_capacity``
+    and ``keep_evicted``: with ONEBIT_MOE_PREFETCH_KEEP=lru, the experts its LRU holds at most and the
+    experts it evicted (paged out) per token, None otherwise."""
 
     compute_ms: float
     wait_ms: float | None = None
@@ -147,6 +150,9 @@ class DecodeSplit:
     expert_hit: float | None = None
     room_mib: float | None = None
     room_need_mib: float | None = None
+    route_wait_ms: float | None = None
+    keep_capacity: float | None = None
+    keep_evicted: float | None = None  # per token
 
     @property
     def wall_ms(self) -> float | None:

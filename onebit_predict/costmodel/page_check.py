@@ -70,10 +70,15 @@ def configurations(routing: Routing) -> list[RowConfig]:
     return out
 
 
+UNPLAYED_CALLS = ("pread",)  # calls the page model has no rule for (pages.AS_CALL)
+
+
 def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
-    router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead."""
-    if config is None:
+    router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; never the
+    read path's pread call, its wait or its expert LRU, which the page model does not play (such a
+    row is listed as not played, never played as plain route)."""
+    if config is None or config.consumer in UNPLAYED_CALLS or config.wait or config.keep not in (None, "kernel"):
         return False
     if config.is_off:
         return True

@@ -66,10 +66,12 @@ from ..constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_PREFETCH_GUARD,
+    ENV_PREFETCH_KEEP,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_THREADS,
+    ENV_PREFETCH_WAIT,
     MODE_NAMES,
     MODE_OFF,
 )
@@ -78,7 +80,7 @@ from ..drive.profiles import PROFILES
 OFF = "patched off"  # the name of the predictor off
 ORACLE = "oracle"  # the name's predictor for an oracle row
 PREDICTORS = tuple(name for mode, name in MODE_NAMES.items() if mode != MODE_OFF)
-CONSUMERS = ("off", "advise", "read", "populate")
+CONSUMERS = ("off", "advise", "read", "populate", "pread")
 ROUTE = "route"  # the name's part for route-time reads
 EXACT = "exact"  # the name's qualifier for readahead off on the experts (random)
 NATIVE = "native"  # the drive the model lives on, read where it is
@@ -158,6 +160,8 @@ class RowConfig:
     workers: int | None = knob(ENV_PREFETCH_THREADS, "workers", int, low=1)  # the consumer's read workers
     read_ahead_kb: int | None = knob(None, "readahead", int, low=0)  # the drive's, set for the run
     drive: str | None = knob(None, "drive", str, choices=DRIVES, bare=True)  # where the model was read from
+    wait: int | None = knob(ENV_PREFETCH_WAIT, "wait", int, low=0)  # route time: the layer waits for its reads
+    keep: str | None = knob(ENV_PREFETCH_KEEP, "keep", str, choices=("kernel", "lru"))  # what stays cached
 
     def __post_init__(self) -> None:
         if self.predictor is not None and self.predictor not in PREDICTORS:

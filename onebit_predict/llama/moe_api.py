@@ -29,13 +29,16 @@ from ..constants import (
     ENV_OUT,
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_DRAIN,
+    ENV_PREFETCH_DEBUG_KEEP_CAP,
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_PREFETCH_GUARD,
+    ENV_PREFETCH_KEEP,
     ENV_PREFETCH_MAX_BYTES,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_THREADS,
+    ENV_PREFETCH_WAIT,
     ENV_STATS,
 )
 
@@ -63,6 +66,9 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("prefetch_route", ENV_PREFETCH_ROUTE),
     ("prefetch_random", ENV_PREFETCH_RANDOM),
     ("compensator", ENV_COMPENSATOR),
+    ("prefetch_wait", ENV_PREFETCH_WAIT),
+    ("prefetch_keep", ENV_PREFETCH_KEEP),
+    ("prefetch_debug_keep_cap", ENV_PREFETCH_DEBUG_KEEP_CAP),
 )
 
 

@@ -31,7 +31,11 @@ class OnebitMoeStats(ctypes.Structure):
         ("room_need_bytes", _i64),
         ("speculative", _i32),
         ("route", _i32),
-        *((f"route_{name}", _u64) for name in ("experts", "bytes", "resident", "stale")),
+        *((f"route_{name}", _u64) for name in ("experts", "bytes", "resident", "stale", "wait_us", "waits")),
+        ("wait", _i32),
+        ("keep", _i32),
+        ("keep_evicted", _u64),
+        ("keep_capacity", _i64),
     ]
 
 
