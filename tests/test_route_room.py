@@ -2,9 +2,9 @@
 
 Measured before the rule (docs/results.md, "Never a loss"): on the h256 model at read_ahead_kb 128
 under a 16 MiB cgroup, route alone ran at 0.47x off, its workers' reads evicting what the compute
-was about to touch. The test runs route under a tight limit (20 MiB, where the page cache holds
-about 8 MiB of the 14 MB model; at 16 MiB, the tightest the bench takes, off itself was once
-OOM-killed in a full suite run) with the rule at its largest ratio (it must hold the route op off:
+was about to touch. The test runs route under a tight limit (24 MiB, where the page cache holds
+about 12 MiB of the 14 MB model; at 16 and 20 MiB a worker was OOM-killed in full suite runs,
+a suite-order effect not reproduced alone) with the rule at its largest ratio (it must hold the route op off:
 nothing found missing, nothing read) and without the rule (the same op finds the routed experts
 missing and reads them): the rule is what decides."""
 
@@ -30,7 +30,7 @@ def test_the_room_rule_holds_route_off_under_a_tight_limit(tmp_path, capsys):
     model = tmp_path / H256.name  # a copy no other process maps
     shutil.copyfile(H256, model)
     held, free = f"route, room {PREFETCH_ROOM_MAX:g}", "route, room 0"
-    argv = [str(model), "--memory-limit", "20MiB", "--rounds", "1", "--generate", "4", "--prompt", "8"]
+    argv = [str(model), "--memory-limit", "24MiB", "--rounds", "1", "--generate", "4", "--prompt", "8"]
     assert bench_main([*argv, "--threads", "1", "--rows", f"{held}; {free}", "--json"]) == EXIT_OK
     rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert (
