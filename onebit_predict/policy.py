@@ -44,7 +44,6 @@ from .constants import (
     ENV_PREFETCH_WAIT,
     ENV_STATS,
     KEEP_KERNEL,
-    KEEP_LRU,
     KEEP_NAMES,
     MAX_LAYERS,
     MODE_NAMES,
@@ -69,6 +68,7 @@ BOOL_TRUE = ("1", "true", "yes", "on")
 BOOL_FALSE = ("0", "false", "no", "off")
 MODES = {name: mode for mode, name in MODE_NAMES.items()}
 PREFETCH_MODES = {name: mode for mode, name in PREFETCH_NAMES.items()}
+KEEP_MODES = {name: keep for keep, name in KEEP_NAMES.items()}
 MAX_BYTE_DIGITS = 12  # 12 digits times 2^30 still fits an int64 in C
 BYTE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 
@@ -172,14 +172,15 @@ def _parse_bool(name: str, raw: str | None, warnings: list[str]) -> bool:
 
 
 def _parse_choice(name: str, raw: str | None, choices: Mapping[str, int], warnings: list[str]) -> int:
-    """One of choices (by name, "off" first), blank for off; anything else warns and is off."""
+    """One of choices (by name, the default first: "off", "kernel"), blank for the default; anything
+    else warns and is the default."""
     t = _lower_ascii(_trim(raw))
     if t in choices:
         return choices[t]
-    off = choices["off"]
+    default = next(iter(choices))
     if t:
-        warnings.append(f"{name}='{raw}' is not one of {'|'.join(choices)}; using off")
-    return off
+        warnings.append(f"{name}='{raw}' is not one of {'|'.join(choices)}; using {default}")
+    return choices[default]
 
 
 def _parse_mode(raw: str | None, warnings: list[str]) -> int:
@@ -467,12 +468,7 @@ def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _R
             "finishes them (read, populate or pread, not advise); ignored"
         )
         wait = False
-    keep = KEEP_KERNEL
-    t = _lower_ascii(_trim(env.keep))
-    if t == KEEP_NAMES[KEEP_LRU]:
-        keep = KEEP_LRU
-    elif t and t != KEEP_NAMES[KEEP_KERNEL]:
-        warnings.append(f"{ENV_PREFETCH_KEEP}='{env.keep}' is not one of {'|'.join(KEEP_NAMES.values())}; using kernel")
+    keep = _parse_choice(ENV_PREFETCH_KEEP, env.keep, KEEP_MODES, warnings)
     if keep != KEEP_KERNEL and not route:
         warnings.append(f"{ENV_PREFETCH_KEEP}=lru needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")
         keep = KEEP_KERNEL
