@@ -72,16 +72,16 @@ def test_the_wait_fields_are_held_to_c(tmp_path):
 def test_the_keep_fields_are_held_to_c(tmp_path):
     """The fields ONEBIT_MOE_PREFETCH_KEEP added, last again: ``prefetch_keep`` and
     ``prefetch_debug_keep_cap`` of the params (after ``prefetch_wait``), ``keep``, ``keep_evicted``
-    and ``keep_capacity`` of the stats (after ``wait``: an i32, then a u64 and an i64 on 8 bytes),
-    at C's offsets."""
+    and ``keep_capacity`` of the stats (after ``wait``: an i32, then a u64 and an i64 on 8 bytes), and
+    after them the guesses' room's ``spec_skipped`` and ``spec_unused`` (u64), at C's offsets."""
     params = [f[0] for f in OnebitMoeParams._fields_]
     stats = [f[0] for f in OnebitMoeStats._fields_]
     at = params.index("prefetch_wait")
     assert params[at:] == ["prefetch_wait", "prefetch_keep", "prefetch_debug_keep_cap"]
     at = stats.index("wait")
-    assert stats[at:] == ["wait", "keep", "keep_evicted", "keep_capacity"]
+    assert stats[at:] == ["wait", "keep", "keep_evicted", "keep_capacity", "spec_skipped", "spec_unused"]
     types = dict(OnebitMoeStats._fields_)
-    assert [ctypes.sizeof(types[f]) for f in stats[at + 1 :]] == [4, 8, 8]
+    assert [ctypes.sizeof(types[f]) for f in stats[at + 1 :]] == [4, 8, 8, 8, 8]
     assert (types["keep_evicted"], types["keep_capacity"]) == (ctypes.c_uint64, ctypes.c_int64)  # -1: none yet
     for cls, name, fields in (
         (OnebitMoeParams, "onebit_moe_params", params[params.index("prefetch_wait") :]),

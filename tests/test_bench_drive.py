@@ -69,7 +69,10 @@ def _require_cgroup() -> None:
     [
         (["--drive", "nvme"], "--drive is a dimension of --memory-limit runs: give --memory-limit too"),
         (["--drive", "native"], "--drive is a dimension of --memory-limit runs"),
-        (["--memory-limit", "64MiB", "--drive", "floppy"], "unknown drive 'floppy': one of native, nvme, sata"),
+        (
+            ["--memory-limit", "64MiB", "--drive", "floppy"],
+            "unknown drive 'floppy': one of native, nvme, nvme-1m, sata",
+        ),
         (["--memory-limit", "64MiB", "--drive", "nvme,"], "empty item"),
         (["--memory-limit", "64MiB", "--drive", "native,native"], "'native,native' gives native twice"),
         (["--memory-limit", "64MiB", "--drive", "nvme,sata, nvme"], "gives nvme twice"),
@@ -113,7 +116,7 @@ def test_an_emulator_that_cannot_be_built_is_refused(monkeypatch, capsys, tmp_pa
 
 def test_the_drive_is_a_field_of_the_configuration():
     c = RowConfig("block", "advise", drive="nvme")
-    assert DRIVES == ("native", "nvme", "sata")
+    assert DRIVES == ("native", "nvme", "nvme-1m", "sata")
     assert c.name == "block + advise, nvme" and c.env() == RowConfig("block", "advise").env()
     assert RowConfig.from_fields(json.loads(json.dumps(c.fields()))) == c and from_name(c.name) == c
     both = RowConfig("router", "advise", oracle=True, read_ahead_kb=128, drive="sata")
@@ -124,7 +127,7 @@ def test_the_drive_is_a_field_of_the_configuration():
     # never a loss and vs patched off: on the same drive, at the same readahead
     assert c.consumer_off() == RowConfig("block", drive="nvme") and c.predictor_off() == RowConfig(drive="nvme")
     assert both.predictor_off() == RowConfig(read_ahead_kb=128, drive="sata")
-    with pytest.raises(ValueError, match="drive 'floppy' is not one of native, nvme, sata"):
+    with pytest.raises(ValueError, match="drive 'floppy' is not one of native, nvme, nvme-1m, sata"):
         RowConfig(drive="floppy")
     with pytest.raises(ValueError, match="drive 'floppy'"):
         RowConfig.from_fields(c.fields() | {"drive": "floppy"})

@@ -377,7 +377,7 @@ def test_every_qualifier_is_pinned_per_mode():
 
 _ROUTED = {
     "route": 1, "route_bytes": 0, "route_resident": 4096, "prefetch_failed": 0,
-    "wait": 0, "keep": 0, "keep_evicted": 0, "keep_capacity": -1,
+    "wait": 0, "keep": 0, "keep_evicted": 0, "keep_capacity": -1, "spec_skipped": 0, "spec_unused": 0,
 }  # fmt: skip
 
 
@@ -396,6 +396,10 @@ def test_the_counters_prove_wait_and_lru():
     assert "held to 6 experts" in route_problem(good | {"keep_capacity": 40}, lru, 6)
     assert "KEEP=lru was not asked for" in route_problem(good, parse_mode("route"))
     assert keep_wait_problem(_ROUTED, parse_mode("block+read")) is None  # a mode without route time
+    guessing = parse_mode("block+pread+route+wait+lru")
+    assert "guesses never met the LRU's room" in route_problem(good | {"wait": 1}, guessing, 6)
+    assert route_problem(good | {"wait": 1, "spec_unused": 3}, guessing, 6) is None
+    assert route_problem(good | {"wait": 1, "spec_skipped": 1}, guessing, 6) is None
     assert "not asked for" in keep_wait_problem(_ROUTED | {"keep": 1}, parse_mode("block+read"))
 
 

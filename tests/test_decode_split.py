@@ -202,13 +202,16 @@ def test_one_run_per_token_and_the_medians_over_the_rounds():
 
 
 def test_the_wait_and_the_lru_per_token():
-    """route_wait_us (the route-time ops' wait) and the LRU's evictions are per token; its capacity as
-    counted; None without them (a row without the wait or the LRU)."""
+    """route_wait_us (the route-time ops' wait), the LRU's evictions and its guesses skipped and unused
+    are per token; its capacity as counted; None without them (a row without the wait or the LRU)."""
     split = run_split(_sample(10.0, route_wait_us=250_000, keep_evicted=35, keep_capacity=46), 10)
     assert split.route_wait_ms == pytest.approx(25.0)
     assert (split.keep_capacity, split.keep_evicted) == (46.0, pytest.approx(3.5))
     plain = run_split(_sample(10.0), 10)
     assert (plain.route_wait_ms, plain.keep_capacity, plain.keep_evicted) == (None, None, None)
+    assert (plain.guesses_skipped, plain.guesses_unused) == (None, None)
+    guessing = run_split(_sample(10.0, keep_evicted=35, keep_capacity=42, spec_skipped=120, spec_unused=7), 10)
+    assert (guessing.guesses_skipped, guessing.guesses_unused) == (pytest.approx(12.0), pytest.approx(0.7))
 
 
 def _fake_measure(tmp_path, monkeypatch, **extra) -> list[MemoryRow]:
@@ -244,7 +247,8 @@ def test_the_rows_carry_the_split_into_the_table_and_the_json(tmp_path, monkeypa
     assert list(doc["rows"][1]["decode"]) == [
         "compute_ms", "wait_ms", "compute_basis", "requests_from", "requests", "request_kib_mean",
         "request_kib_largest", "request_kib_largest_is", "request_ms_mean", "in_flight", "busy", "expert_hit",
-        "room_mib", "room_need_mib", "route_wait_ms", "keep_capacity", "keep_evicted",
+        "room_mib", "room_need_mib", "route_wait_ms", "keep_capacity", "keep_evicted", "guesses_skipped",
+        "guesses_unused",
     ]  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(doc))
     back = load_measured(tmp_path / "r.json")

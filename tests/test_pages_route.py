@@ -13,7 +13,14 @@ from dataclasses import asdict
 
 import pytest
 
-from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, PREFETCH_THREADS_BEFORE_ROUTE, PREFETCH_THREADS_DEFAULT
+from onebit_predict.constants import (
+    EXIT_CHECK_FAILED,
+    EXIT_OK,
+    MODE_ROUTER,
+    PREFETCH_THREADS_BEFORE_ROUTE,
+    PREFETCH_THREADS_DEFAULT,
+)
+from onebit_predict.costmodel.keep import ExpertLRU, keep_capacity
 from onebit_predict.costmodel.kernel import Kernel, PageCache, PageDrive
 from onebit_predict.costmodel.layout import synthetic_layout
 from onebit_predict.costmodel.measured import load_measured
@@ -21,7 +28,8 @@ from onebit_predict.costmodel.pages import _Engine, _Sim, run_config
 from onebit_predict.costmodel.routing import load_routing
 from onebit_predict.costmodel.row_config import RowConfig
 from onebit_predict.drive.profiles import NVME
-from onebit_predict.trace import Trace
+from onebit_predict.trace import Trace, TraceHeader
+from onebit_predict.trace_writer import TraceWriter
 from tests.test_simulate_pages import (
     P,
     ahead_trace,
@@ -34,10 +42,10 @@ from tests.test_simulate_pages import (
 )
 
 
-def play(path, model, predictor, consumer, route=False, layout=None):
+def play(path, model, predictor, consumer, route=False, layout=None, keep=False):
     trace = Trace.open(path)
     lay = layout or layout_3_pages()
-    return run_config(load_routing(trace), lay, model, predictor, consumer, "x", trace, route=route)
+    return run_config(load_routing(trace), lay, model, predictor, consumer, "x", trace, route=route, keep=keep)
 
 
 # --- the workers' two queues ------------------------------------------------------------------
@@ -224,3 +232,58 @@ def test_a_route_row_with_the_guard_is_shown_not_checked(capsys, tiny, tmp_path)
     assert rc in (EXIT_OK, EXIT_CHECK_FAILED), err
     checked = {r["configuration"]: r["checked"] for r in json.loads(out)["rows"]}
     assert checked == {"route": True, "route, guard 4": False}
+
+
+# --- route time's expert LRU (ONEBIT_MOE_PREFETCH_KEEP=lru) -------------------------------------
+
+
+def test_the_lru_capacity_is_the_consumers():
+    """keep_capacity is measure_room's keep_cap: the room less a token's other weights, less one
+    layer's routed experts, less the guesses' room with a predictor, in experts; at least n_expert_used."""
+    mib = 1 << 20
+    # 8 MoE layers, 4 of 16 used, 2.75 MiB experts: a token reads 88 MiB of experts and 4 MiB else
+    need = 8 * 4 * 11 * mib // 4 + 4 * mib
+    assert keep_capacity(145 * mib, need, 11 * mib // 4, 8, 4) == 141 * 4 // 11 - 4 == 47
+    assert keep_capacity(145 * mib, need, 11 * mib // 4, 8, 4, guesses=True) == 43
+    assert keep_capacity(1 * mib, need, 11 * mib // 4, 8, 4) == 4  # never below n_expert_used
+    with pytest.raises(ValueError):
+        keep_capacity(mib, need, 0, 8, 4)
+
+
+def test_the_lru_evicts_the_least_recent_never_what_is_routed_now():
+    lru = ExpertLRU(4, 2, 1)  # a share of 2 a layer
+    assert lru.share == 2
+    assert lru.route(0, [3]) == [] and lru.route(0, [1]) == []
+    assert lru.route(0, [2]) == [3]  # the oldest goes
+    assert lru.route(0, [1]) == [] and lru.route(0, [0]) == [2]  # 1 was used again: 2 is the oldest
+    assert list(lru.held[0]) == [1, 0] and lru.route(1, [0, 1, 2]) == []  # all routed now: over its share
+    assert lru.route(1, [3]) == [0, 1] and lru.evicted == 4
+
+
+def lru_trace(path):
+    """2 layers of 4 experts, top-1: layer 0 alternates experts 0 and 1, layer 1 keeps expert 2."""
+    h = TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, depth=1, mode=MODE_ROUTER, layers={1}, model="lru")
+    with TraceWriter(path, h) as w:
+        for pos in range(4):
+            for layer in range(2):
+                actual = [pos % 2 if layer == 0 else 2]
+                w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=actual, pred=None, decode=pos > 0)
+    return path
+
+
+def test_route_with_the_lru_pages_out_what_it_evicts(tmp_path):
+    """A room of 12 pages (4 experts of 3 pages) gives the LRU 3 experts, 1 a layer: layer 0's
+    alternating experts evict each other at every decoded token and are read again (9 pages missing
+    when routed), where the page cache alone keeps both (3 pages: expert 1's first use). Without a
+    limit the LRU has no size and evicts nothing."""
+    path = lru_trace(tmp_path / "lru.bin")
+    tight = tiny_model(capacity_pages=12)
+    kept = play(path, tight, None, "off", route=True, keep=True)
+    assert (kept.keep, kept.keep_capacity, kept.keep_evicted) == (True, 3, 3)
+    assert kept.route_missing_pages == 9
+    kernel = play(path, tight, None, "off", route=True)
+    assert (kernel.keep, kernel.keep_evicted, kernel.route_missing_pages) == (False, 0, 3)
+    free = play(path, tiny_model(), None, "off", route=True, keep=True)
+    assert (free.keep_capacity, free.keep_evicted) == (None, 0)
+    with pytest.raises(ValueError, match="route time and no predicted reads"):
+        play(path, tight, "router", "read", route=True, keep=True)

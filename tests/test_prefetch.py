@@ -254,6 +254,39 @@ def test_route_preads_waits_and_the_lru_pages_out(tiny_model, tmp_path, capfd):
     assert "(the layer waits for them)" in err and "ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP=8" in err
 
 
+def test_guesses_read_only_into_their_own_room(tiny_model, tmp_path, capfd):
+    """A predictor with route and the LRU: a guess takes one of n_expert_used places until its layer is
+    routed, so with the router's 4 candidates for 2 routed some are skipped for want of room; the
+    guesses the routing did not take are paged out at their layer's route; the log names both counts.
+    Without a predictor there are no guesses and no such line."""
+
+    path = tiny_model("qwen3moe")
+    env = {
+        ENV_OUT: str(tmp_path / "t.bin"),
+        ENV_MODE: "router",
+        ENV_PREFETCH: "read",
+        ENV_PREFETCH_ROUTE: "1",
+        ENV_PREFETCH_KEEP: "lru",
+        ENV_PREFETCH_DEBUG_KEEP_CAP: "8",
+        ENV_PREFETCH_ROOM: "0",  # the model fits: route would idle
+        ENV_STATS: "1",
+    }
+    stats = run_evicted_with_stats(path, env)
+    assert stats is not None and (stats["speculative"], stats["route"], stats["keep"]) == (1, 1, 1)
+    assert stats["prefetch_experts"] > 0 and stats["spec_skipped"] > 0 and stats["spec_unused"] > 0
+    assert stats["keep_evicted"] > 0 and stats["prefetch_failed"] == 0
+    err = capfd.readouterr().err
+    room = r"guesses read into a room of (\d+) experts; skipped for want of room (\d+), paged out unrouted (\d+)"
+    m = re.search(room, err)
+    assert m is not None, err
+    assert int(m[1]) == 2 and int(m[2]) > 0 and int(m[3]) > 0
+
+    stats = run_evicted_with_stats(path, {**env, ENV_MODE: "off", ENV_PREFETCH: None})
+    assert stats is not None and stats["speculative"] == 0
+    assert (stats["spec_skipped"], stats["spec_unused"]) == (0, 0) and stats["keep_evicted"] > 0
+    assert "guesses read into" not in capfd.readouterr().err
+
+
 def test_pread_without_mmap_turns_the_consumer_off_with_a_notice(tiny_model, tmp_path, capfd):
     """pread reads through the file behind the mapping: without mmap there is none, as for every call."""
     trace = run(

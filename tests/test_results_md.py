@@ -115,6 +115,8 @@ COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
     "route wait ms": (lambda r: r["decode"]["route_wait_ms"], ""),
     "in flight": (lambda r: r["decode"]["in_flight"], ""),
     "expert hit %": (lambda r: None if r["decode"]["expert_hit"] is None else 100 * r["decode"]["expert_hit"], ""),
+    "guesses unused/token": (lambda r: r["decode"]["guesses_unused"], ""),
+    "guesses skipped/token": (lambda r: r["decode"]["guesses_skipped"], ""),
     "MiB missing/token": (
         lambda r: None if r.get("route_missing_per_token") is None else r["route_missing_per_token"] / MIB,
         "",

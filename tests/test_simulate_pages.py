@@ -441,7 +441,11 @@ def test_measured_knobs_are_read_as_the_consumer_reads_them(capsys, tiny, tmp_pa
         ("config", {"predictor": "router", "consumer": "advise", "guard": "x"}, "guard 'x' is not int"),
         ("config", {"predictor": None, "consumer": "advise"}, "needs a predictor"),
         ("config", {"predictor": "router", "threads": 2}, "unknown fields ['threads']"),
-        ("config", {"predictor": "router", "drive": "nvme0"}, "drive 'nvme0' is not one of native, nvme, sata"),
+        (
+            "config",
+            {"predictor": "router", "drive": "nvme0"},
+            "drive 'nvme0' is not one of native, nvme, nvme-1m, sata",
+        ),
     ],
 )
 def test_measured_row_knobs_not_a_configuration_exit_2(capsys, tiny, tmp_path, field, value, message):

@@ -20,7 +20,8 @@ reads and had no failure; with route time, the context's counters (onebit_moe_ge
 show that it routes and that its op looked at the routed experts. Every route-time knob is
 proven both ways, asked for or not: the header's route, random (``+exact``) and wait flags and
 its call (``route`` alone: read), the counters' ``wait`` and ``keep`` (``+lru``: 1, with an
-eviction and the capacity the check set). A trace that was not written
+eviction and the capacity the check set, and with a predictor a guess the LRU's room for guesses
+skipped or paged out). A trace that was not written
 whole (none at all, shorter than its header, INCOMPLETE or still OPEN:
 ``trace_written.written_problem``, e.g. ``--keep-traces`` on a full disk) fails its mode with that
 reason, never with what its missing bytes would seem to say.
@@ -355,7 +356,7 @@ def route_problem(
     """Why the context's counters do not show route time at work as ``spec`` asks (None: plain
     ``route``), or None: it routes and looked at the routed experts, with no failed read; ``wait``
     1 exactly with +wait; ``keep`` 1 exactly with +lru, which must also have evicted (its
-    capacity ``keep_cap`` when given)."""
+    capacity ``keep_cap`` when given) and, with a predictor, have skipped or paged out a guess."""
     spec = spec or ModeSpec("off", 1, None, route=True)
     if stats is None or not stats["route"]:
         return "ONEBIT_MOE_PREFETCH_ROUTE=1 was asked for, the context does not read at route time"
@@ -380,6 +381,8 @@ def keep_wait_problem(stats: dict[str, int], spec: ModeSpec, keep_cap: int | Non
             return f"the LRU was held to {keep_cap} experts, the context's counters show capacity {got}"
         if stats["keep_evicted"] == 0:
             return "ONEBIT_MOE_PREFETCH_KEEP=lru evicted nothing: the LRU was never exercised"
+        if spec.predictor != "off" and stats["spec_skipped"] + stats["spec_unused"] == 0:
+            return "the predictor's guesses never met the LRU's room for them (none skipped, none paged out)"
     return None
 
 

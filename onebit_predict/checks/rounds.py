@@ -152,6 +152,8 @@ class Sample:
     route_wait_us: int | None = None  # ... the time the route-time ops waited for their reads (the wait knob)
     keep_evicted: int | None = None  # keep=lru: the experts its LRU evicted while decoding
     keep_capacity: int | None = None  # ... the experts it held at most, after the decode
+    spec_skipped: int | None = None  # keep=lru with a predictor: the guesses its room had no place for
+    spec_unused: int | None = None  # ... and the guesses read but not routed (paged out)
     cpu_s: float | None = None  # the decode's CPU seconds: the decoding thread's (cpu_basis COMPUTE_THREAD), else all
     cpu_basis: str | None = None
     reads: ReadRequests | None = None  # the read requests the drive served while it decoded (None: not counted)
@@ -244,6 +246,8 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         route_wait_us=out.get("route_wait_us"),
         keep_evicted=out.get("keep_evicted"),
         keep_capacity=out.get("keep_capacity"),
+        spec_skipped=out.get("spec_skipped"),
+        spec_unused=out.get("spec_unused"),
         cpu_s=out.get("cpu_s"),
         cpu_basis=out.get("cpu_basis"),
         reads=None if out.get("reads") is None else ReadRequests(**out["reads"]),
@@ -365,6 +369,8 @@ def run_split(s: Sample, tokens: int) -> DecodeSplit | None:
         None if s.route_wait_us is None else s.route_wait_us / 1000 / tokens,
         None if s.keep_capacity is None else float(s.keep_capacity),
         None if s.keep_capacity is None or s.keep_evicted is None else s.keep_evicted / tokens,
+        None if s.spec_skipped is None else s.spec_skipped / tokens,
+        None if s.spec_unused is None else s.spec_unused / tokens,
     )
 
 

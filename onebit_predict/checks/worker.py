@@ -110,6 +110,13 @@ def _route_counter(before: dict[str, int] | None, after: dict[str, int] | None, 
     return after[name] - before[name]
 
 
+def _guess_counter(before: dict[str, int] | None, after: dict[str, int] | None, name: str) -> int | None:
+    """A counter of the LRU's room for guesses: its growth, None without both a predictor and keep=lru."""
+    if not (after and after["speculative"] and after["keep"]):
+        return None
+    return _route_counter(before, after, name)
+
+
 def cpu_clock(threads: int) -> tuple[Callable[[], float], str]:
     """The CPU clock of the decode's compute and its basis: one thread, the calling thread's own (the
     CPU backend computes a one-thread graph on the thread that calls llama_decode); more, the process's."""
@@ -170,6 +177,9 @@ class Span:
             "route_wait_us": _route_counter(self.stats0, stats1, "route_wait_us"),
             "keep_evicted": _route_counter(self.stats0, stats1, "keep_evicted"),
             "keep_capacity": None if stats1 is None or not stats1["keep"] else stats1["keep_capacity"],
+            # keep=lru with a predictor: the guesses its room had no place for, and those read but not routed
+            "spec_skipped": _guess_counter(self.stats0, stats1, "spec_skipped"),
+            "spec_unused": _guess_counter(self.stats0, stats1, "spec_unused"),
             "reads": None if reads is None else asdict(reads),
             "room_bytes": None if stats1 is None else stats1["room_bytes"],
             "room_need_bytes": None if stats1 is None else stats1["room_need_bytes"],

@@ -116,7 +116,7 @@ class Cell:
     """One drive x one expert size x one limit, and its configurations' rows."""
 
     drive_label: str  # "native @128", "nvme", ...
-    drive: str  # native, nvme, sata
+    drive: str  # native, nvme, nvme-1m, sata
     read_ahead_kb: int | None
     emulated: bool
     size: ExpertSize

@@ -134,7 +134,9 @@ class DecodeSplit:
     row without the consumer's object). ``route_wait_ms``: the time the route-time ops waited for their
     layers' reads (ONEBIT_MOE_PREFETCH_WAIT; part of ``wait_ms``), None without route time. ``keep_capacity``
     and ``keep_evicted``: with ONEBIT_MOE_PREFETCH_KEEP=lru, the experts its LRU holds at most and the
-    experts it evicted (paged out) per token, None otherwise."""
+    experts it evicted (paged out) per token, None otherwise. ``guesses_skipped`` and ``guesses_unused``:
+    with the LRU and a predictor, the guesses per token its room for them had no place for, and those
+    read but not routed (paged out at their layer's route), None otherwise."""
 
     compute_ms: float
     wait_ms: float | None = None
@@ -153,6 +155,8 @@ class DecodeSplit:
     route_wait_ms: float | None = None
     keep_capacity: float | None = None
     keep_evicted: float | None = None  # per token
+    guesses_skipped: float | None = None  # per token
+    guesses_unused: float | None = None  # per token
 
     @property
     def wall_ms(self) -> float | None:
@@ -189,7 +193,7 @@ class MeasuredRow:
     major_faults_per_token: float | None
     process_bytes: int | None = None
     read_ahead_kb: int | None = None  # the drive's readahead it ran at (None: unknown)
-    drive: str | None = None  # the drive it read the model from: native, nvme, sata (None: unknown)
+    drive: str | None = None  # the drive it read the model from: native, nvme, nvme-1m, sata (None: unknown)
     route_missing_per_token: float | None = None  # bytes the routed experts lacked when routed (None: no route)
     decode: DecodeSplit | None = None  # where its tokens' time went (None: a report written before)
 

@@ -75,10 +75,13 @@ UNPLAYED_CALLS = ("pread",)  # calls the page model has no rule for (pages.AS_CA
 
 def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
-    router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; never the
-    read path's pread call, its wait or its expert LRU, which the page model does not play (such a
-    row is listed as not played, never played as plain route)."""
-    if config is None or config.consumer in UNPLAYED_CALLS or config.wait or config.keep not in (None, "kernel"):
+    router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
+    time's expert LRU without predicted reads (costmodel/keep.py); never the read path's pread call,
+    its wait, or the LRU's room for guesses, which the page model does not play (such a row is
+    listed as not played, never played as plain route)."""
+    if config is None or config.consumer in UNPLAYED_CALLS or config.wait:
+        return False
+    if config.keep not in (None, "kernel") and (config.speculative or not config.route):
         return False
     if config.is_off:
         return True
@@ -160,6 +163,8 @@ class Row:
             "route_missing_mib_per_token": route_mib,
             "measured_route_missing_mib_per_token": m_route,
             "stale_ranges_per_token": run.per_token(run.stale_ranges) if run.route else None,
+            "keep_capacity": run.keep_capacity,
+            "keep_evicted_per_token": run.per_token(run.keep_evicted) if run.keep else None,
         }
 
 
@@ -239,10 +244,11 @@ def _rows_at(
         predictor = ORACLE if config.oracle else config.predictor
         workers = s.prefetch_threads.value or config.workers or default_workers
         played_model = replace(s.row_model(model, config, m, workers), prefetch_room=config.room or 0.0)
-        key = (predictor, config.consumer, config.route, played_model)
+        keep = config.keep == "lru"
+        key = (predictor, config.consumer, config.route, keep, played_model)
         if key not in runs:
             runs[key] = run_config(
-                routing, setup.layout, played_model, predictor, config.consumer, name, trace, route=config.route
+                routing, setup.layout, played_model, predictor, config.consumer, name, trace, config.route, keep
             )
         # the model has no guard: a row of a report recording its knobs that ran with one is shown,
         # not checked (reports before them: the guarded rows are checked, "no guard" beside them)

@@ -39,6 +39,7 @@ import numpy as np
 
 from ..constants import PREFETCH_THREADS_DEFAULT, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
 from ..trace import Trace
+from .keep import ExpertLRU, keep_capacity
 from .kernel import PAGE_CACHES, Kernel, KernelCounts, PageDrive
 from .layout import PAGE_SIZE, ExpertLayout
 from .routing import Routing
@@ -147,6 +148,9 @@ class PageRun:
     route_ranges: int = 0  # ranges the route-time ops queued (decode)
     route_missing_pages: int = 0  # pages of the routed experts not resident when routed (decode)
     stale_ranges: int = 0  # speculative ranges a route-time op dropped, still queued for its layer or before
+    keep: bool = False  # route time's expert LRU (ONEBIT_MOE_PREFETCH_KEEP=lru)
+    keep_capacity: int | None = None  # ... the experts it held at most (None: no limit, it never evicts)
+    keep_evicted: int = 0  # ... the experts it evicted (decode)
 
     @property
     def tok_s(self) -> float | None:
@@ -251,6 +255,8 @@ class _Sim:
         self.workers = [_Worker(self) for _ in range(n_workers if call != "off" and reads else 0)]
         self.drain_waiter: _Compute | None = None
         self.ranges = self.route_ranges = self.route_missing = self.stale = 0
+        self.keep: ExpertLRU | None = None  # route time's expert LRU, when played and the room bounds it
+        self.keep_evicted = 0
 
     def push(self, t: float, ranges: Sequence[tuple[int, int]], layer: int, urgent: bool = False) -> None:
         """An op hands ranges of ``layer`` to the workers at t (``urgent``: a route-time op's)."""
@@ -365,6 +371,12 @@ class _Compute:
                     out.append((first, end))
                     sim.route_missing += missing if timed else 0
         sim.push(self.t, out, step.layer, urgent=True)
+        if sim.keep is not None:
+            for e in sim.keep.route(step.layer, step.demand):
+                sim.keep_evicted += timed
+                for first, end in sim.layout.expert_ranges(step.layer, e):
+                    for p in range(first, end):
+                        cache.discard(p)
 
     def _touch(self, pages: list[int], ms: float, timed: bool) -> Generator[float | None, None, None]:
         """Read ``pages`` in order, ``ms`` of compute spread over them (all of it when there are none)."""
@@ -436,17 +448,21 @@ def run_config(
     name: str,
     prefill: Trace | Sequence[_Step] = (),
     route: bool = False,
+    keep: bool = False,
 ) -> PageRun:
     """One configuration: the predictor (the trace's, ``"oracle"``: the actual routing of the next
     layer, predicted at no cost; None or False: off), the workers' call (off, advise, read or
     populate: with the predictor, its speculative reads), ``route``: route-time reads (with the call,
-    or ROUTE_CALL when it is off); ``prefill``: the trace (its prefill rows are replayed first,
-    untimed) or those steps. Speculative reads the room rule holds off (``model.prefetch_room``)
-    issue nothing: ``room_held`` in the result."""
+    or ROUTE_CALL when it is off), ``keep``: with route time, its expert LRU (costmodel/keep.py; a
+    predictor's guesses with it are not played); ``prefill``: the trace (its prefill rows are
+    replayed first, untimed) or those steps. Speculative reads the room rule holds off
+    (``model.prefetch_room``) issue nothing: ``room_held`` in the result."""
     if consumer not in CONSUMERS:
         raise ValueError(f"unknown consumer '{consumer}' (one of {', '.join(CONSUMERS)})")
     if consumer != "off" and not predictor and not route:
         raise ValueError("a consumer needs the predictor or route time")
+    if keep and (not route or (predictor and consumer != "off")):
+        raise ValueError("the expert LRU is played with route time and no predicted reads")
     oracle = predictor == ORACLE
     speculative = bool(predictor) and consumer != "off"
     call = AS_CALL[consumer] if consumer != "off" or not route else ROUTE_CALL
@@ -466,6 +482,12 @@ def run_config(
     need = layout.token_need_bytes(routing.header.n_expert_used)
     held = speculative and model.room_holds(need)
     sim = _Sim(kernel, engine, layout, call, model.workers, speculative, route, held)
+    room = model.room_bytes()
+    if keep and room is not None:
+        n_used, first = routing.header.n_expert_used, min(routing.layers)
+        expert = sum(end - begin for begin, end in layout.expert_ranges(first, 0)) * layout.page_size
+        n_moe = len(routing.layers)
+        sim.keep = ExpertLRU(keep_capacity(room, need, expert, n_moe, n_used), n_moe, n_used)
     tokens = _steps(routing, oracle)
     compute = _Compute(sim, model, bool(predictor) and not oracle, tokens, list(prefill) if model.prefill else [])
     engine.at(0.0, compute.gen)
@@ -491,4 +513,7 @@ def run_config(
         sim.route_ranges,
         sim.route_missing,
         sim.stale,
+        keep,
+        None if sim.keep is None else sim.keep.capacity,
+        sim.keep_evicted,
     )

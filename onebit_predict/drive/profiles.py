@@ -21,6 +21,10 @@ nvme (a PCIe 4.0 x4 drive; numbers from Samsung's 980 PRO 1 TB data sheet: seque
     gives 4.4 GB/s;
   - channels = 64: 1,000K IOPS of 4 KB at 66 us each need about 66 requests in service
     (Little's law); at 128 KiB the bus, not the channels, is the limit.
+nvme-1m: the same nvme whose mount takes the kernel's largest FUSE request, 1 MiB (``max_read``),
+as a real NVMe drive takes 512 KiB to 2 MiB requests: a pread of a whole expert slice, or a readahead
+window of ``read_ahead_kb >= 1024``, then reaches the drive as 1 MiB requests, where the default
+mount splits every one at 128 KiB. Faults stay at the bdi's ``read_ahead_kb``.
 sata (a SATA 6 Gb/s drive; Samsung 870 EVO data sheet: sequential read 560 MB/s, 4 KB random
 read 13K IOPS at QD1 and 98K IOPS at QD32):
   - B = 560 MB/s: the sequential read figure (the SATA link's ceiling);
@@ -31,7 +35,7 @@ read 13K IOPS at QD1 and 98K IOPS at QD32):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -74,6 +78,13 @@ NVME = DriveProfile(
     source="Samsung 980 PRO 1 TB data sheet (PCIe 4.0 x4): sequential read 7,000 MB/s, 4 KB random read 1,000K IOPS",
 )
 
+NVME_1M = replace(
+    NVME,
+    name="nvme-1m",
+    max_read=MAX_READ_LIMIT,
+    source=NVME.source + "; the mount's max_read at the kernel's FUSE limit, 1 MiB",
+)
+
 SATA = DriveProfile(
     name="sata",
     latency_us=70.0,
@@ -83,7 +94,7 @@ SATA = DriveProfile(
     "98K IOPS QD32",
 )
 
-PROFILES: dict[str, DriveProfile] = {p.name: p for p in (NVME, SATA)}
+PROFILES: dict[str, DriveProfile] = {p.name: p for p in (NVME, NVME_1M, SATA)}
 
 
 def profile(name: str) -> DriveProfile:

@@ -36,6 +36,8 @@ class OnebitMoeStats(ctypes.Structure):
         ("keep", _i32),
         ("keep_evicted", _u64),
         ("keep_capacity", _i64),
+        ("spec_skipped", _u64),
+        ("spec_unused", _u64),
     ]
 
 
