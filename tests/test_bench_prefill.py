@@ -156,8 +156,17 @@ def test_the_ratios_and_the_floor(tmp_path, monkeypatch):
     limits = [64 << 20, 32 << 20]
     speed = {"patched off": 100.0, "route": 80.0}
 
+    compute = {None: 8.0, 16: 24.0, 64: 72.0}  # MiB: the decode's context, then each ubatch's
+    probed = []
+
+    def compute_buffer_mib(model, cfg, lib, opts):
+        probed.append((cfg.prompt_tokens, cfg.ubatch))
+        return compute[cfg.ubatch]
+
     def collect(model, runs, lib, pristine, opts):
         assert opts.memory_limit in limits and {r.prompt_tokens for r in runs} == {64}
+        # each run's cgroup holds its compute buffer's growth over the decode's beyond the limit
+        assert all(r.limit_extra == (compute[r.ubatch] - compute[None]) * 2**20 for r in runs)
         out = {}
         for r in runs:
             base = speed[r.name.split(",")[0]] * (2 if r.read_ahead_kb == 128 else 1) * (3 if r.ubatch == 64 else 1)
@@ -168,7 +177,11 @@ def test_the_ratios_and_the_floor(tmp_path, monkeypatch):
         return out
 
     monkeypatch.setattr(bench_prefill, "collect", collect)
+    monkeypatch.setattr(bench_prefill, "compute_buffer_mib", compute_buffer_mib)
     rows = measure_prefill(MODEL, plans, tmp_path, BenchOptions(rounds=3), limits, 96 << 20)
+    assert probed == [(None, None), (64, 16), (64, 64)]  # once each, not per limit or configuration
+    assert {(r.ubatch, r.limit_extra_mib) for r in rows} == {(16, 16.0), (64, 64.0)}
+    assert "| 64 + 16 | patched off, readahead 128, prefill 64, ubatch 16 |" in markdown_prefill(rows)
     assert len(rows) == 2 * len(plans) and [r.limit_bytes for r in rows] == [limits[0]] * 8 + [limits[1]] * 8
     got = {(r.limit_bytes, r.name): r for r in rows}
     for limit in limits:
@@ -187,6 +200,21 @@ def test_the_ratios_and_the_floor(tmp_path, monkeypatch):
     split = rows[0].prefill
     assert split.requests == 0.5 and split.request_kib_mean == 64.0 and split.compute_ms == 5.0
     assert split.wait_ms == pytest.approx(5.0)  # 10 ms per prompt token of wall (the median run's), 5 of it CPU
+
+
+def test_resident_prefill_probes_no_compute_buffer(tmp_path, monkeypatch):
+    """Resident runs have no cgroup: nothing is probed and nothing added to a limit."""
+    plans = prefill_plans(memory_configs(tmp_path, 4, [128], rows=("route",)), [64], [16])
+
+    def collect(model, runs, lib, pristine, opts):
+        assert opts.memory_limit is None and all(r.limit_extra == 0 for r in runs)
+        return {r.name: [Sample(10.0, 0.0, 2, None, 0, 0, 1.0)] for r in runs}
+
+    monkeypatch.setattr(bench_prefill, "collect", collect)
+    monkeypatch.setattr(bench_prefill, "compute_buffer_mib", _no_build)
+    rows = measure_prefill(MODEL, plans, tmp_path, BenchOptions(rounds=1), [bench_memory.RESIDENT], 96 << 20)
+    assert rows and all(r.limit_extra_mib == 0.0 for r in rows)
+    assert markdown_prefill(rows).splitlines()[2].startswith("| resident | patched off")
 
 
 def test_expert_floor():
@@ -231,13 +259,15 @@ def _memory_reports() -> list[str]:
 
 
 def test_old_reports_still_load_and_have_no_prefill_rows(tmp_path):
-    """Every memory and cold report of docs/measured loads as before, with no prefill rows; a report with
-    prefill rows loads its decode rows as it would without them."""
+    """Every memory and cold report of docs/measured loads: the old ones with no prefill rows, the newer ones
+    with theirs; a report with prefill rows loads its decode rows as it would without them."""
     reports = _memory_reports()
-    assert reports
+    old = [f for f in reports if "prefill_rows" not in json.loads(Path(f).read_text())]
+    assert old and len(old) < len(reports)  # the reports from before --prompt-tokens, and docs/results.md's since
     for f in reports:
-        assert load_measured(f).prefill == (), f
-    doc = json.loads(Path(reports[0]).read_text())
+        rows = json.loads(Path(f).read_text()).get("prefill_rows", [])
+        assert [p.name for p in load_measured(f).prefill] == [r["name"] for r in rows], f
+    doc = json.loads(Path(old[0]).read_text())
     rows = [_row("patched off, prefill 64, ubatch 16"), _row("route, readahead 128, prefill 64, ubatch 16", hit=0.5)]
     plain, with_prefill = tmp_path / "a.json", tmp_path / "b.json"
     plain.write_text(json.dumps(doc))
@@ -271,6 +301,9 @@ def test_a_real_prefill_row_under_a_cgroup(tmp_path, capsys):
     assert list(got) == ["patched off, prefill 64, ubatch 16", "route, prefill 64, ubatch 16",
                          "patched off, prefill 64, ubatch 64", "route, prefill 64, ubatch 64"]  # fmt: skip
     expert_bytes = doc["expert_bytes"]
+    # each cgroup held its ubatch's compute buffer beyond the decode's (prompt 8): more for 64 than for 16
+    extra = {r["ubatch"]: r["limit_extra_mib"] for r in got.values()}
+    assert 0 < extra[16] < extra[64], extra
     for name, r in got.items():
         assert r["prompt_tokens"] == 64 and r["ubatch"] in (16, 64) and r["limit_bytes"] == 64 << 20
         assert r["median_prompt_tok_s"] > 0 and r["read_mib_per_token"] >= 0 and r["major_faults_per_token"] >= 0

@@ -112,6 +112,25 @@ def test_bench_takes_lists_of_ahead_and_room():
     assert bad.returncode != 0 and "invalid value '4' for --moe-predict-ahead" in bad.stderr
 
 
+def test_bench_takes_lists_of_route_and_keep():
+    """--moe-prefetch-route 0,1 --moe-prefetch-keep kernel,lru: a row for each pair that runs as named (lru
+    without route is skipped), the flags over the variables, each row's consumer line proving what ran; a bad
+    value is refused naming it."""
+    cmd = [str(tool("llama-bench")), "-v", "-m", str(MODEL), "-p", "0", "-n", "4", "-r", "1", "-t", "2", "-o", "json"]
+    cmd += ["--moe-prefetch-route", "0,1", "--moe-prefetch-keep", "kernel,lru"]
+    env = tool_env(None) | {"ONEBIT_MOE_PREDICT_STATS": "1", "ONEBIT_MOE_PREFETCH_ROUTE": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=REQUEST_S, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [(r["moe_route"], r["moe_keep"]) for r in json.loads(out.stdout)]
+    assert rows == [("0", "kernel"), ("1", "kernel"), ("1", "lru")]
+    # route 0 wins over the variable's 1: two contexts read at route time, one keeps an LRU
+    assert out.stderr.count("reads at route time") == 2, out.stderr[-3000:]
+    assert out.stderr.count("onebit: keep lru: holds at most") == 1
+    for flag, value in (("--moe-prefetch-keep", "lfu"), ("--moe-prefetch-route", "2")):
+        bad = subprocess.run(cmd[:-4] + [flag, value], capture_output=True, text=True, timeout=REQUEST_S)
+        assert bad.returncode != 0 and f"invalid value '{value}' for {flag}" in bad.stderr
+
+
 def test_bench_takes_a_list_of_sidecars():
     sidecar = MODEL.with_name("qwen3moe-tiny.learned-k1.gguf")
     cmd = [str(tool("llama-bench")), "-m", str(MODEL), "-p", "0", "-n", "4", "-r", "1", "-t", "2", "-o", "json"]

@@ -1,6 +1,7 @@
 """docs/results.md shows what docs/measured/*.json holds, and the links into it resolve.
 
-Every table of measured runs (one with a "decode tok/s (median)" column) names its report with
+Every table of measured runs (one with a "decode tok/s (median)" column, or a "prompt tok/s (median)"
+one, whose rows are the report's prefill_rows) names its report with
 a link, ``[...](measured/NAME.json)``, in the text between the previous table or heading and
 itself, and every cell of such a table is the report's figure at the precision the table
 prints. A figure edited in the docs and not in the report (or the other way round) fails here;
@@ -123,11 +124,39 @@ COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
     ),
 }
 KEYS = ("limit MiB", "configuration")
+PREFILL_COLUMN = "prompt tok/s (median)"  # a table with it shows a report's prefill_rows
+
+
+def row_field(field: str) -> Callable[[dict], float]:
+    return lambda r: r[field]
+
+
+def split(field: str, scale: float = 1.0) -> Callable[[dict], float | None]:
+    """A prefill row's figure of where the prompt's time went (its "prefill" split)."""
+    return lambda r: None if r["prefill"] is None or r["prefill"][field] is None else scale * r["prefill"][field]
+
+
+# a prefill table's columns (checks/bench_prefill.py PrefillRow): a decode table's, where the row's field is
+# the same, else its own
+PREFILL_COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
+    **{c: COLUMNS[c] for c in ("vs patched off", "MiB read/token", "major faults/token")},
+    **{c: (row_field(f), "") for c, f in [(PREFILL_COLUMN, "median_prompt_tok_s"),
+       ("min", "min_prompt_tok_s"), ("max", "max_prompt_tok_s"), ("floor MiB/token", "expert_bytes_per_ubatch_mib")]},
+    **{c: (split(f), "") for c, f in [("compute ms", "compute_ms"), ("wait ms", "wait_ms"),
+       ("requests/token", "requests"), ("mean KiB", "request_kib_mean")]},
+    "expert hit %": (split("expert_hit", 100.0), ""),
+}  # fmt: skip
 
 
 def limit_label(limit_bytes: int) -> str:
     """As onebit-bench --memory-limit prints it (checks/bench_memory.py): 0 is resident."""
     return "resident" if limit_bytes == 0 else f"{limit_bytes / MIB:.0f}"
+
+
+def prefill_limit_label(row: dict) -> str:
+    """As the prefill table prints it (checks/bench_prefill.py): the limit, + the MiB its cgroup held beyond it."""
+    extra = row.get("limit_extra_mib", 0.0)
+    return limit_label(row["limit_bytes"]) + (f" + {extra:.0f}" if row["limit_bytes"] and extra >= 0.5 else "")
 
 
 def expected(value: float | int | None, shown: str, unit: str) -> str:
@@ -141,13 +170,16 @@ def expected(value: float | int | None, shown: str, unit: str) -> str:
 
 def mismatches(table: Table, report: dict) -> list[str]:
     """Each cell of table that is not the report's figure, as 'line N: configuration, column: docs X, report Y'."""
-    unknown = [c for c in table.columns if c not in COLUMNS and c not in KEYS]
+    prefill = PREFILL_COLUMN in table.columns
+    columns = PREFILL_COLUMNS if prefill else COLUMNS
+    unknown = [c for c in table.columns if c not in columns and c not in KEYS]
     if unknown or "configuration" not in table.columns:
         return [f"line {table.line}: columns {unknown} map to no report field (or no configuration column)"]
     by_limit = "limit MiB" in table.columns
     index: dict[tuple[str | None, str], dict] = {}
-    for r in report["rows"]:
-        key = (limit_label(r.get("limit_bytes", -1)) if by_limit else None, r["name"])
+    label = prefill_limit_label if prefill else (lambda r: limit_label(r.get("limit_bytes", -1)))
+    for r in report["prefill_rows"] if prefill else report["rows"]:
+        key = (label(r) if by_limit else None, r["name"])
         if key in index:
             return [f"line {table.line}: {key} is more than one row of the report (give the limit column)"]
         index[key] = r
@@ -165,7 +197,7 @@ def mismatches(table: Table, report: dict) -> list[str]:
         for column, shown in cell.items():
             if column in KEYS:
                 continue
-            figure, unit = COLUMNS[column]
+            figure, unit = columns[column]
             try:
                 want = expected(figure(index[key]), shown, unit)
             except KeyError as e:
@@ -177,7 +209,7 @@ def mismatches(table: Table, report: dict) -> list[str]:
 
 
 def measured_tables(text: str) -> list[Table]:
-    return [t for t in tables(text) if t.reports or MEASURED_COLUMN in t.columns]
+    return [t for t in tables(text) if t.reports or MEASURED_COLUMN in t.columns or PREFILL_COLUMN in t.columns]
 
 
 def check(text: str) -> list[str]:
@@ -228,10 +260,13 @@ def first_figure(text: str, report: str) -> tuple[str, str]:
     """(the first row of the first table linking report, its tok/s cell), for the controls."""
     t = next(t for t in tables(text) if report in t.reports)
     row = text.splitlines()[t.line + 1]
-    return row, cells(row)[t.columns.index(MEASURED_COLUMN)]
+    column = PREFILL_COLUMN if PREFILL_COLUMN in t.columns else MEASURED_COLUMN
+    return row, cells(row)[t.columns.index(column)]
 
 
-@pytest.mark.parametrize("report", ["bench-qwen4exp-tiny.json", "memory-room-w63488-q4_k_m.json"])
+@pytest.mark.parametrize(
+    "report", ["bench-qwen4exp-tiny.json", "memory-room-w63488-q4_k_m.json", "prefill-w63488.json"]
+)
 def test_an_edited_figure_fails(report: str) -> None:
     """Negative control: one figure changed in the docs is found, and only that one."""
     text = RESULTS.read_text()

@@ -98,6 +98,7 @@ class Config:
     drive: str | None = None  # --drive: the BenchOptions.drives entry it reads the model from (None: as given)
     prompt_tokens: int | None = None  # --prompt-tokens: the run times a prompt of this many tokens, not the decode
     ubatch: int | None = None  # ... in calls of this many tokens (n_batch = n_ubatch)
+    limit_extra: int = 0  # --memory-limit: bytes its cgroup holds beyond the limit (a prefill's larger compute buffer)
 
     def __post_init__(self) -> None:
         if self.pristine and self.env:
@@ -215,7 +216,7 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         from ..llama.evict import require_evicted
 
         require_evicted(model, cfg.name)  # before the first token: no expert page resident (exit 1)
-        group = MemoryCgroup(f"onebit-bench-{os.getpid()}", opts.memory_limit)  # fresh for every run
+        group = MemoryCgroup(f"onebit-bench-{os.getpid()}", opts.memory_limit + cfg.limit_extra)  # fresh every run
         cmd += ["--cgroup", str(group.path)]
     mount = None if drive is None else drive.mount
     if mount is not None:
@@ -224,11 +225,7 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
     try:
         out = worker_json(cmd, lib_dir, f"{cfg.name}: the worker failed")
     except WorkerError as e:
-        if mount is not None and e.signal == signal.SIGBUS and (down := mount.down()) is not None:
-            raise WorkerError(
-                f"{cfg.name}: the emulated drive stopped (SIGBUS in the worker; {down})", e.returncode
-            ) from None
-        raise
+        raise why_killed(e, cfg.name, mount, group) from None
     finally:
         if group is not None:
             group.remove()
@@ -258,7 +255,8 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         return sample
     after = mount.stats()
     run = after.minus(before)
-    drive.runs.append({"name": cfg.name, "limit_bytes": opts.memory_limit or 0, "before": asdict(before),
+    limit = opts.memory_limit + cfg.limit_extra if opts.memory_limit else 0
+    drive.runs.append({"name": cfg.name, "limit_bytes": limit, "before": asdict(before),
                        "after": asdict(after)})  # fmt: skip
     # FUSE reads bypass the block layer (/proc/self/io reads 0): the bytes the emulator served while it decoded
     return replace(
@@ -268,6 +266,33 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         drive_cpu_s=run.serve_cpu_s,
         drive_decode_cpu_s=out["drive_cpu_s"],
     )
+
+
+def why_killed(e: WorkerError, name: str, mount: Any, group: Any) -> WorkerError:
+    """A worker's failure, with the reason where a signal hides it: the emulated drive down (SIGBUS), or
+    the run's memory cgroup's OOM killer (SIGKILL, counted in its memory.events)."""
+    if mount is not None and e.signal == signal.SIGBUS and (down := mount.down()) is not None:
+        return WorkerError(f"{name}: the emulated drive stopped (SIGBUS in the worker; {down})", e.returncode)
+    if group is not None and e.signal == signal.SIGKILL and (kills := group.oom_kills()):
+        return WorkerError(
+            f"{name}: killed by its memory cgroup's OOM killer ({kills} oom_kill in its memory.events) at "
+            f"{group.limit_bytes / 2**20:.0f} MiB: the run's own memory (llama.cpp's compute buffer, which a "
+            "larger ubatch makes larger, the KV cache, the process) leaves the page cache too little; give a "
+            "larger --memory-limit or a smaller --ubatch",
+            e.returncode,
+        )
+    return e
+
+
+def compute_buffer_mib(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> float:
+    """llama.cpp's compute buffer (MiB) of the context ``cfg``'s run makes: a worker that makes it and stops
+    (commands/bench_worker.py ``--compute-buffer``; no cgroup, nothing decoded)."""
+    cmd = [str(model), "--compute-buffer", "--prompt", str(opts.prompt), "--generate", str(opts.generate),
+           "--threads", str(opts.threads)]  # fmt: skip
+    if not opts.extra_bufts:
+        cmd += ["--no-extra-bufts"]
+    out = worker_json(cmd + prefill_args(cfg), lib_dir, f"{cfg.name}: the compute buffer probe failed")
+    return out["compute_mib"]
 
 
 def prefill_args(cfg: Config) -> list[str]:

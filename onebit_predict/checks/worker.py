@@ -228,11 +228,44 @@ def mapped_libllama() -> str | None:
     return paths.pop() if len(paths) == 1 else None
 
 
+def context_settings(opts: WorkerOptions):
+    """The context a run makes: a prefill's n_batch = n_ubatch = its ubatch (n_ctx holding the prompt), a
+    decode's the prompt's length."""
+    from ..llama.runner import ContextSettings
+
+    if opts.prefill is not None:
+        u = opts.ubatch or opts.prefill
+        return ContextSettings(n_ctx=opts.prefill + PREFILL_CTX_SLACK, n_batch=u, n_ubatch=u, n_threads=opts.threads)
+    n_ctx = opts.prompt + opts.generate + 8
+    return ContextSettings(n_ctx=n_ctx, n_batch=opts.prompt, n_ubatch=opts.prompt, n_threads=opts.threads)
+
+
+def compute_buffer_mib(log: str) -> float:
+    """llama.cpp's compute buffers in MiB, summed over backends, from the log of a context's creation."""
+    return sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(log))
+
+
+def probe_compute_buffer(opts: WorkerOptions) -> dict:
+    """``{"compute_mib"}``: the compute buffer of the context ``opts`` would run in, made and closed with
+    nothing decoded (no cgroup joined: checks/bench_prefill.py sizes a prefill run's cgroup with it)."""
+    os.environ["ONEBIT_VERBOSE"] = "1"  # the compute-buffer line is an info log
+    from ..llama.runner import Context, Model, use_unpatched
+
+    if opts.pristine:
+        use_unpatched()
+    captured = io.StringIO()
+    with Model(opts.model, extra_bufts=opts.extra_bufts) as model:
+        with redirect_stderr(captured):
+            ctx = Context(model, context_settings(opts), opts.env)
+        ctx.close()
+    return {"compute_mib": compute_buffer_mib(captured.getvalue())}
+
+
 def run_worker(opts: WorkerOptions) -> dict:
     """``{"tok_s", "compute_mib", "n_layer", "resident_after_evict", ..., "patched", "libllama",
     "onebit_symbols"}`` of one run in this process."""
     os.environ["ONEBIT_VERBOSE"] = "1"  # the compute-buffer line is an info log
-    from ..llama.runner import Context, ContextSettings, Model, onebit_symbols, patched, use_unpatched
+    from ..llama.runner import Context, Model, onebit_symbols, patched, use_unpatched
 
     if opts.pristine:
         use_unpatched()
@@ -250,19 +283,10 @@ def run_worker(opts: WorkerOptions) -> dict:
 
             pages = ExpertPages(opts.model)
             pages.random_access()
-        if opts.prefill is not None:
-            toks = run_tokens(opts.text_file, opts.prefill, model.n_vocab)
-            u = opts.ubatch or opts.prefill
-            settings = ContextSettings(
-                n_ctx=opts.prefill + PREFILL_CTX_SLACK, n_batch=u, n_ubatch=u, n_threads=opts.threads
-            )
-        else:
-            toks = run_tokens(opts.text_file, opts.prompt + opts.generate, model.n_vocab)
-            settings = ContextSettings(
-                n_ctx=opts.prompt + opts.generate + 8, n_batch=opts.prompt, n_ubatch=opts.prompt, n_threads=opts.threads
-            )
+        n = opts.prompt + opts.generate if opts.prefill is None else opts.prefill
+        toks = run_tokens(opts.text_file, n, model.n_vocab)
         with redirect_stderr(captured):
-            ctx = Context(model, settings, opts.env)
+            ctx = Context(model, context_settings(opts), opts.env)
         with ctx:
             left = None
             if opts.prefill is not None:
@@ -289,7 +313,7 @@ def run_worker(opts: WorkerOptions) -> dict:
                 timed = opts.generate
             if pages is not None:
                 pages.close()
-    mib = sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(captured.getvalue()))
+    mib = compute_buffer_mib(captured.getvalue())
     out = {
         "tok_s": timed / elapsed,
         "compute_mib": mib,

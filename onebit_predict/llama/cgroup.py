@@ -36,8 +36,10 @@ class MemoryCgroup:
             raise CgroupError("a memory cgroup needs root (the benchmark creates and removes one per run)")
         if (root / "memory" / "memory.limit_in_bytes").is_file():
             self.path, limit_file = root / "memory" / name, "memory.limit_in_bytes"
+            self.events_file = "memory.oom_control"
         elif "memory" in _read(root / "cgroup.controllers").split():
             self.path, limit_file = root / name, "memory.max"
+            self.events_file = "memory.events"
         else:
             raise CgroupError(f"no memory cgroup controller under {root} (neither v1 memory/ nor v2 memory)")
         run_state.note("cgroups", self.path)  # before the mkdir: a kill -9 after it leaves nothing unlisted
@@ -48,6 +50,15 @@ class MemoryCgroup:
             self.remove()
             raise CgroupError(f"cannot set up {self.path}: {e}") from None
         self.limit_bytes = limit_bytes
+
+    def oom_kills(self) -> int:
+        """How many processes the group's OOM killer has killed (``oom_kill`` in memory.events, v1's
+        memory.oom_control); 0 where the kernel does not count them."""
+        for line in _read(self.path / self.events_file).splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip().isdigit():
+                return int(value)
+        return 0
 
     def remove(self) -> None:
         try:
