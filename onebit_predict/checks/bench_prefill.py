@@ -5,10 +5,11 @@ Beside the decode rows of checks/bench_memory.py: every configuration of ``--row
 and ubatch U of ``--ubatch`` (default PREFILL_UBATCH_DEFAULT, llama.cpp's n_ubatch), each a run of its
 own as a decode row's is (checks/rounds.py ``run_one``: a fresh worker in a fresh cgroup, the model
 dropped from the page cache and proven evicted first), its rounds alternating. Its cgroup holds the
-limit plus its compute buffer's growth over a decode run's (:func:`compute_extra`), so that a larger
-ubatch does not leave the page cache less room. The worker processes an
-N-token prompt in calls of U tokens (n_batch = n_ubatch = U) and decodes nothing (checks/worker.py
-``timed_prefill``); the prompt's tokens are ``--text-file``'s bytes repeated, else the built-in stream.
+limit plus its anonymous memory's growth over a decode run's (:func:`memory_extra`: the compute and
+work buffers, which grow with the ubatch), so that a larger ubatch does not leave the page cache less
+room. The worker processes an N-token prompt in calls of U tokens (n_batch = n_ubatch = U) and decodes
+nothing (checks/worker.py ``timed_prefill``); the prompt's tokens are ``--text-file``'s bytes repeated,
+else the built-in stream.
 
 A prefill row (:class:`PrefillRow`, the report's ``prefill_rows``, a list of its own so that the decode
 rows and costmodel/measured.py's reading of them do not change) is named after its configuration with two
@@ -39,7 +40,7 @@ from ..constants import COMPUTE_THREAD, ENV_OUT, PREFILL_UBATCH_DEFAULT
 from ..costmodel.measured import RESIDENT, DecodeSplit
 from ..costmodel.row_config import PrefillConfig, RowConfig
 from .bench_cold import RowPlan, pct
-from .rounds import BenchOptions, Config, collect, compute_buffer_mib, decode_split
+from .rounds import BenchOptions, Config, collect, decode_split, probe_memory
 
 
 @dataclass(frozen=True)
@@ -102,29 +103,30 @@ class PrefillRow:
     env: dict[str, str] = field(default_factory=dict)
     config: RowConfig = RowConfig()  # the decode row's configuration (its report's "config" object)
     prefill: DecodeSplit | None = None  # where the prompt's time went, per prompt token
-    limit_extra_mib: float = 0.0  # its cgroup's MiB beyond limit_bytes: its compute buffer's beyond the decode's
+    limit_extra_mib: float = 0.0  # its cgroup's MiB beyond limit_bytes: its memory's beyond a decode run's
 
     @property
     def prefill_config(self) -> PrefillConfig:
         return PrefillConfig(self.config, self.prompt_tokens, self.ubatch)
 
 
-def compute_extra(
+def memory_extra(
     model: Path, plans: Sequence[PrefillPlan], lib: Path, opts: BenchOptions
 ) -> dict[tuple[int, int], int]:
-    """Per (N, U), the bytes the context of a prompt of N in ubatches of U holds in compute buffer beyond
-    a decode row's (at least 0), each from a worker that makes the context and stops.
+    """Per (N, U), the bytes of anonymous memory a run of a prompt of N in ubatches of U holds beyond a
+    decode row's (at least 0): each from a worker that makes the context, computes one call and stops
+    (the compute buffer, which grows with the ubatch, and the CPU backend's work buffers, which do too).
 
-    A limit covers the whole process, and the compute buffer grows with the ubatch. A prefill run's cgroup
-    gets these bytes on top of the limit, so that its page cache has the decode rows' room: the limit stays
-    a share of the expert bytes. In the grown models, 64 wide with experts 21,504 and 63,488 deep, a ubatch
-    of 512 takes 506 MiB of compute buffer at 2.7 MiB an expert (the experts are 347 MiB), where a real
-    MoE's (Qwen3-30B-A3B: 2048 wide, experts 768 deep) is a few per cent of its experts."""
-    decode = compute_buffer_mib(model, Config("decode", {}), lib, opts)
+    A limit covers the whole process. A prefill run's cgroup gets these bytes on top of the limit, so that
+    its page cache has the decode rows' room: the limit stays a share of the expert bytes. In the grown
+    models, 64 wide with experts 21,504 and 63,488 deep, a ubatch of 512 grows it by 537 MiB at 2.7 MiB an
+    expert (506 MiB of compute buffer; the experts are 347 MiB), where a real MoE's compute buffer
+    (Qwen3-30B-A3B: 2048 wide, experts 768 deep) is a few per cent of its experts."""
+    decode = probe_memory(model, Config("decode", {}), lib, opts)["anon_mib"]
     out = {}
     for n, u in sorted({(p.config.prompt_tokens, p.config.ubatch) for p in plans}):
-        mib = compute_buffer_mib(model, Config(f"prefill {n}, ubatch {u}", {}, prompt_tokens=n, ubatch=u), lib, opts)
-        out[(n, u)] = max(0, round((mib - decode) * 2**20))
+        got = probe_memory(model, Config(f"prefill {n}, ubatch {u}", {}, prompt_tokens=n, ubatch=u), lib, opts)
+        out[(n, u)] = max(0, round((got["anon_mib"] - decode) * 2**20))
     return out
 
 
@@ -132,9 +134,9 @@ def measure_prefill(
     model: Path, plans: Sequence[PrefillPlan], lib: Path, opts: BenchOptions, limits: Sequence[int], expert_bytes: int
 ) -> list[PrefillRow]:
     """Every prefill configuration at every limit (each limit's rounds alternating), in limit order; under a
-    limit each run's cgroup holds its compute buffer's growth beyond the decode's too (:func:`compute_extra`)."""
+    limit each run's cgroup holds its memory's growth beyond a decode run's too (:func:`memory_extra`)."""
     rows = []
-    extra = compute_extra(model, plans, lib, opts) if any(limit != RESIDENT for limit in limits) else {}
+    extra = memory_extra(model, plans, lib, opts) if any(limit != RESIDENT for limit in limits) else {}
     for limit in limits:
         resident = limit == RESIDENT
         run_opts = replace(opts, memory_limit=None if resident else limit, warm=resident)
@@ -183,7 +185,7 @@ PREFILL_COLUMNS = (
 PREFILL_NOTE = (
     "Prompt processing: each row a prompt of N tokens (prefill N) in calls of U (ubatch U, n_batch = n_ubatch), "
     "from the model evicted, in its own run; vs patched off at the same limit, drive, readahead, N and U. Limit "
-    "MiB: the limit, + the MiB its cgroup holds beyond it, the compute buffer's growth over a decode run's (so "
+    "MiB: the limit, + the MiB its cgroup holds beyond it, the run's memory's growth over a decode run's (so "
     "that the page cache has the decode rows' room). Per "
     "prompt token: MiB read from the drive; floor, the expert bytes read once per ubatch (expert bytes x "
     "ceil(N / U) / N); compute and wait ms as the decode table's (process: every thread's CPU, no wait "

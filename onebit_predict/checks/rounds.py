@@ -284,15 +284,16 @@ def why_killed(e: WorkerError, name: str, mount: Any, group: Any) -> WorkerError
     return e
 
 
-def compute_buffer_mib(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> float:
-    """llama.cpp's compute buffer (MiB) of the context ``cfg``'s run makes: a worker that makes it and stops
-    (commands/bench_worker.py ``--compute-buffer``; no cgroup, nothing decoded)."""
-    cmd = [str(model), "--compute-buffer", "--prompt", str(opts.prompt), "--generate", str(opts.generate),
+def probe_memory(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> dict[str, float]:
+    """``{"compute_mib", "anon_mib"}`` of ``cfg``'s run: llama.cpp's compute buffer, and the worker's anonymous
+    memory after one call of the run's (commands/bench_worker.py ``--memory-probe``; no cgroup, untimed)."""
+    cmd = [str(model), "--memory-probe", "--prompt", str(opts.prompt), "--generate", str(opts.generate),
            "--threads", str(opts.threads)]  # fmt: skip
+    if opts.text_file:
+        cmd += ["--text-file", str(opts.text_file)]
     if not opts.extra_bufts:
         cmd += ["--no-extra-bufts"]
-    out = worker_json(cmd + prefill_args(cfg), lib_dir, f"{cfg.name}: the compute buffer probe failed")
-    return out["compute_mib"]
+    return worker_json(cmd + prefill_args(cfg), lib_dir, f"{cfg.name}: the memory probe failed")
 
 
 def prefill_args(cfg: Config) -> list[str]:

@@ -245,9 +245,19 @@ def compute_buffer_mib(log: str) -> float:
     return sum(float(m.group(2)) for m in COMPUTE_BUFFER.finditer(log))
 
 
-def probe_compute_buffer(opts: WorkerOptions) -> dict:
-    """``{"compute_mib"}``: the compute buffer of the context ``opts`` would run in, made and closed with
-    nothing decoded (no cgroup joined: checks/bench_prefill.py sizes a prefill run's cgroup with it)."""
+def anon_mib() -> float:
+    """This process's anonymous memory now (RssAnon of /proc/self/status), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("/proc/self/status has no RssAnon line")
+
+
+def probe_memory(opts: WorkerOptions) -> dict:
+    """``{"compute_mib", "anon_mib"}``: the compute buffer of the context ``opts`` would run in, and the
+    process's anonymous memory once that context has computed one call of the run's (a prefill's first
+    ubatch; a decode's prompt, then one token), its work buffers included (no cgroup joined, nothing timed:
+    checks/bench_prefill.py sizes a prefill run's cgroup with it)."""
     os.environ["ONEBIT_VERBOSE"] = "1"  # the compute-buffer line is an info log
     from ..llama.runner import Context, Model, use_unpatched
 
@@ -257,8 +267,17 @@ def probe_compute_buffer(opts: WorkerOptions) -> dict:
     with Model(opts.model, extra_bufts=opts.extra_bufts) as model:
         with redirect_stderr(captured):
             ctx = Context(model, context_settings(opts), opts.env)
-        ctx.close()
-    return {"compute_mib": compute_buffer_mib(captured.getvalue())}
+        with ctx:
+            if opts.prefill is not None:
+                n = min(opts.ubatch or opts.prefill, opts.prefill)
+                ctx.decode(run_tokens(opts.text_file, n, model.n_vocab), range(n), [0] * n, [False] * (n - 1) + [True])
+            else:
+                toks = run_tokens(opts.text_file, opts.prompt + 1, model.n_vocab)
+                n = opts.prompt
+                ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
+                ctx.decode([toks[n]], [n], [0], [True])
+            anon = anon_mib()
+    return {"compute_mib": compute_buffer_mib(captured.getvalue()), "anon_mib": anon}
 
 
 def run_worker(opts: WorkerOptions) -> dict:

@@ -5,8 +5,9 @@ round, as ``python -m onebit_predict.commands.bench_worker MODEL.gguf --env JSON
 the patched or the unpatched libllama in ``LLAMA_CPP_LIB_PATH``, and reads the JSON object it
 prints as its last stdout line. ``--detect MODEL.gguf`` prints instead which page eviction
 works here (checks/bench_cold.py); ``--prefill N --ubatch U`` times an N-token prompt in calls of
-U tokens instead of the decode (checks/bench_prefill.py); ``--compute-buffer`` prints the compute buffer
-of the context the run would make, and stops (checks/bench_prefill.py sizes a prefill's cgroup with it).
+U tokens instead of the decode (checks/bench_prefill.py); ``--memory-probe`` prints the run's compute
+buffer and its anonymous memory after one call, and stops (checks/bench_prefill.py sizes a prefill's
+cgroup with it).
 Its parser lives here, apart from onebit-bench's, so that the user's command line holds only the user's
 options.
 
@@ -22,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..checks.worker import WorkerOptions, detect_eviction, probe_compute_buffer, run_worker
+from ..checks.worker import WorkerOptions, detect_eviction, probe_memory, run_worker
 from ..constants import EXIT_OK
 from .common import EPILOG, arg_type, model_parent, positive_int, require_file, run_command
 
@@ -49,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=EPILOG, parents=[model_parent()])
     p.add_argument("--detect", action="store_true", help="print the page eviction method that works here, and stop")
     p.add_argument(
-        "--compute-buffer", action="store_true", help="print the compute buffer of the run's context, and stop"
+        "--memory-probe",
+        action="store_true",
+        help="print the run's compute buffer and anonymous memory after one call, and stop",
     )
     p.add_argument("--env", type=arg_type(_env), default={}, help="the configuration's ONEBIT_* variables (JSON)")
     p.add_argument("--prompt", type=int, default=32)
@@ -91,7 +94,7 @@ def _run(args: argparse.Namespace) -> int:
         prefill=args.prefill,
         ubatch=args.ubatch,
     )
-    print(json.dumps(probe_compute_buffer(opts) if args.compute_buffer else run_worker(opts)))
+    print(json.dumps(probe_memory(opts) if args.memory_probe else run_worker(opts)))
     return EXIT_OK
 
 
