@@ -98,7 +98,7 @@ class Config:
     drive: str | None = None  # --drive: the BenchOptions.drives entry it reads the model from (None: as given)
     prompt_tokens: int | None = None  # --prompt-tokens: the run times a prompt of this many tokens, not the decode
     ubatch: int | None = None  # ... in calls of this many tokens (n_batch = n_ubatch)
-    limit_extra: int = 0  # --memory-limit: bytes its cgroup holds beyond the limit (a prefill's larger compute buffer)
+    limit_extra: int = 0  # --memory-limit: bytes its cgroup holds beyond the limit (a prefill's larger own memory)
 
     def __post_init__(self) -> None:
         if self.pristine and self.env:
@@ -204,6 +204,7 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         cmd += ["--pristine"]
     cmd += prefill_args(cfg)
     group = None
+    limit = opts.memory_limit + cfg.limit_extra if opts.memory_limit is not None else None
     read_ahead = opts.read_ahead if drive is None else drive.read_ahead
     if cfg.read_ahead_kb is not None:
         if read_ahead is None:
@@ -211,12 +212,12 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         read_ahead.set(cfg.read_ahead_kb)
     if opts.warm:
         read_through(model)
-    if opts.memory_limit is not None:
+    if limit is not None:
         from ..llama.cgroup import MemoryCgroup
         from ..llama.evict import require_evicted
 
         require_evicted(model, cfg.name)  # before the first token: no expert page resident (exit 1)
-        group = MemoryCgroup(f"onebit-bench-{os.getpid()}", opts.memory_limit + cfg.limit_extra)  # fresh every run
+        group = MemoryCgroup(f"onebit-bench-{os.getpid()}", limit)  # fresh for every run
         cmd += ["--cgroup", str(group.path)]
     mount = None if drive is None else drive.mount
     if mount is not None:
@@ -255,8 +256,7 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         return sample
     after = mount.stats()
     run = after.minus(before)
-    limit = opts.memory_limit + cfg.limit_extra if opts.memory_limit else 0
-    drive.runs.append({"name": cfg.name, "limit_bytes": limit, "before": asdict(before),
+    drive.runs.append({"name": cfg.name, "limit_bytes": limit or 0, "before": asdict(before),
                        "after": asdict(after)})  # fmt: skip
     # FUSE reads bypass the block layer (/proc/self/io reads 0): the bytes the emulator served while it decoded
     return replace(

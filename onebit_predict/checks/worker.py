@@ -199,6 +199,13 @@ def run_tokens(text_file: Path | None, n: int, n_vocab: int) -> list[int]:
     return list((data * -(-n // len(data)))[:n])
 
 
+def decode_at(ctx, toks: Sequence[int], start: int) -> None:
+    """Decode ``toks`` as one call at positions ``start``.., sequence 0, the last token's logits wanted (as
+    llama_batch_get_one asks)."""
+    n = len(toks)
+    ctx.decode(toks, range(start, start + n), [0] * n, [False] * (n - 1) + [True])
+
+
 def timed_prefill(ctx, opts: WorkerOptions, toks: Sequence[int]) -> tuple[float, float, str, dict[str, Any]]:
     """(wall seconds, CPU seconds, its basis, the Span's counters) of the prompt ``toks`` decoded in calls
     of ``opts.ubatch`` tokens, each call's last token's logits wanted (as llama_batch_get_one asks)."""
@@ -210,7 +217,7 @@ def timed_prefill(ctx, opts: WorkerOptions, toks: Sequence[int]) -> tuple[float,
     for start in range(0, n, step):
         chunk = list(toks[start : start + step])
         t0, c0 = time.perf_counter(), clock()
-        ctx.decode(chunk, range(start, start + len(chunk)), [0] * len(chunk), [False] * (len(chunk) - 1) + [True])
+        decode_at(ctx, chunk, start)
         cpu += clock() - c0
         elapsed += time.perf_counter() - t0
     return elapsed, cpu, basis, span.stop()
@@ -269,13 +276,12 @@ def probe_memory(opts: WorkerOptions) -> dict:
             ctx = Context(model, context_settings(opts), opts.env)
         with ctx:
             if opts.prefill is not None:
-                n = min(opts.ubatch or opts.prefill, opts.prefill)
-                ctx.decode(run_tokens(opts.text_file, n, model.n_vocab), range(n), [0] * n, [False] * (n - 1) + [True])
+                first = min(opts.ubatch or opts.prefill, opts.prefill)  # the first ubatch: the largest call
+                decode_at(ctx, run_tokens(opts.text_file, first, model.n_vocab), 0)
             else:
                 toks = run_tokens(opts.text_file, opts.prompt + 1, model.n_vocab)
-                n = opts.prompt
-                ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
-                ctx.decode([toks[n]], [n], [0], [True])
+                decode_at(ctx, toks[: opts.prompt], 0)
+                decode_at(ctx, toks[opts.prompt :], opts.prompt)
             anon = anon_mib()
     return {"compute_mib": compute_buffer_mib(captured.getvalue()), "anon_mib": anon}
 
@@ -313,7 +319,7 @@ def run_worker(opts: WorkerOptions) -> dict:
                 timed = opts.prefill
             else:
                 n = opts.prompt
-                ctx.decode(toks[:n], range(n), [0] * n, [False] * (n - 1) + [True])
+                decode_at(ctx, toks[:n], 0)
                 elapsed = cpu = 0.0
                 left = 0.0 if pages is not None else None
                 clock, basis = cpu_clock(opts.threads)
@@ -325,7 +331,7 @@ def run_worker(opts: WorkerOptions) -> dict:
                         pages.evict(opts.cold_method)
                         left = max(left, pages.resident_fraction())
                     t0, c0 = time.perf_counter(), clock()
-                    ctx.decode([toks[n + i]], [n + i], [0], [True])
+                    decode_at(ctx, [toks[n + i]], n + i)
                     cpu += clock() - c0
                     elapsed += time.perf_counter() - t0
                 counted = span.stop()  # the decoded tokens' reads from the drive, all threads
