@@ -28,18 +28,22 @@ from onebit_predict.int2.quality import (
     Quality,
     parse_base,
     parse_kl,
+    ppl_recovers,
     recovers,
 )
 from onebit_predict.int2.variants import (
     EOD_TEXT,
+    OUTSIDE,
     VARIANTS,
     Int2Error,
     Store,
     block_size,
     build_text,
     corpus_files,
+    corpus_text,
     is_validation,
     keep_patterns,
+    outside_files,
     read_manifest,
     recipe_key,
     tool_env,
@@ -178,6 +182,13 @@ def test_recovers():
     assert recovers(0.0, 0.0) is None
 
 
+def test_ppl_recovers_is_the_seed_s_unit():
+    # the seed's own figures (README_LEARNED.md of colibri-learned): fp16 6.73, int2 8.12, + compensator 7.94
+    assert ppl_recovers(8.12, 7.94, 6.73) == pytest.approx(12.95, abs=0.01)  # not its "85 % recovered"
+    assert ppl_recovers(5.2269, 5.2332, 5.2071) == pytest.approx(-31.8, abs=0.1)  # worse: negative
+    assert ppl_recovers(4.9, 4.8, 4.9) is None  # no gap to close
+
+
 # --- the recipe and the cache ------------------------------------------------------------------------
 
 
@@ -284,6 +295,32 @@ def test_build_text_is_the_split_stream(tmp_path):
     assert data == first + EOD_TEXT and n == len(first) + 1
     data, n, used, _ = build_text("val", 10_000, files)
     assert used == [r for r, _ in val] and data.count(EOD_TEXT) == len(val)
+    data, n, used, _ = build_text(OUTSIDE, 10_000, files)  # every file, whatever its split
+    assert used == [r for r, _ in files] and data.count(EOD_TEXT) == len(files)
+    (root / "zz.py").write_bytes(EOD_TEXT)  # the marker in a file the text does not reach: no matter
+    files = corpus_files(root)
+    assert build_text("train", 10, files)[1] == 10
+    with pytest.raises(Int2Error, match="zz.py holds"):
+        build_text(OUTSIDE, 100_000, files)
+
+
+def test_the_outside_text_is_llama_cpp_python_s_own_sources(tmp_path):
+    import importlib.metadata
+    import importlib.util
+
+    version = importlib.metadata.version("llama-cpp-python")  # importing llama_cpp would load its libllama
+    text = corpus_text(OUTSIDE, 4096, tmp_path)
+    files = outside_files()
+    package_dir = Path(importlib.util.find_spec("llama_cpp").origin).parent
+    assert files and all(p.is_relative_to(package_dir) for _, p in files)
+    assert text.split == OUTSIDE and text.n_tokens == 4096 and text.files[0] == files[0][0]
+    assert text.package == f"llama-cpp-python {version}"
+    assert text.description.startswith(f"llama-cpp-python {version}'s own Python sources (outside")
+    assert text.path.read_bytes().startswith(files[0][1].read_bytes())
+    assert text.summary()["package"] == text.package
+    from onebit_predict.corpus import stdlib_root
+
+    assert not any(p.resolve().is_relative_to(stdlib_root().resolve()) for _, p in files)  # not the corpus
 
 
 # --- agreement's arithmetic -----------------------------------------------------------------------------
@@ -318,6 +355,8 @@ def test_cli_usage_errors(run_cli, tmp_path):
     assert rc == 2 and "VARIANT=FILE" in err
     rc, _, err = run_cli(int2_main, "agreement", model, "--compensator", f"q2_k={tmp_path / 'absent'}")
     assert rc == 2 and "no such file" in err
+    rc, _, err = run_cli(int2_main, "quality", model, "--text", "train")  # never the training text
+    assert rc == 2 and "invalid choice: 'train'" in err
 
 
 # --- expert rows that the type's blocks do not divide: refused before any work --------------------------------

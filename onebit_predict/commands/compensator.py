@@ -9,6 +9,10 @@
   removed over all layers) and prints the per-layer table; then runs the held-out text through
   the 2-bit model with the written sidecar applied by llama.cpp (ONEBIT_MOE_COMPENSATOR) and reports,
   against F16's, the KL divergence, top-1 agreement and next-token loss with and without it;
+- ``fit-kl --model F16.gguf --quantized Q2.gguf --start LS.gguf --out FILE.gguf`` refits a ``fit``
+  sidecar (output source) to the KL against F16's logits, all layers together, by Adam steps
+  through a torch forward pass of the 2-bit model (int2/kl_fit.py; torch is the optional ``fit``
+  extra, its absence an input error naming it); the step with the lowest held-out KL is written;
 - ``show FILE [--model Q2.gguf]`` prints the sidecar's header and per-layer norms and, with
   ``--model``, checks that the sidecar was fitted for that model (exit 1 when it was not); a file
   the reader refuses (a layer whose gain bound ``||up||*||down||`` exceeds 65504, F16's largest
@@ -34,6 +38,7 @@ import numpy as np
 
 from ..constants import EXIT_OK
 from ..int2 import compensator as comp_mod
+from ..int2 import kl_fit
 from ..int2.compensator import SOURCES, Compensator, CompensatorError, check_model, model_identity
 from .common import (
     EPILOG,
@@ -41,6 +46,7 @@ from .common import (
     UsageError,
     arg_type,
     comma_list,
+    nonneg_float,
     output_parent,
     positive_int,
     require_file,
@@ -68,6 +74,16 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--tokens", type=arg_type(positive_int), default=TOKENS_DEFAULT, help="training tokens captured")
     f.add_argument("--heldout-tokens", type=arg_type(positive_int), default=HELDOUT_DEFAULT, help="held-out tokens")
     f.add_argument("--threads", type=arg_type(positive_int), default=1, help="llama.cpp threads (default 1)")
+    k = sub.add_parser("fit-kl", parents=[output_parent()], help="refit a sidecar to the KL against F16 (torch)")
+    k.add_argument("--model", type=Path, required=True, metavar="F16.gguf", help="the full-precision model")
+    k.add_argument("--quantized", type=Path, required=True, metavar="Q2.gguf", help="its 2-bit experts variant")
+    k.add_argument("--start", type=Path, required=True, metavar="LS.gguf", help="fit's sidecar (output source)")
+    k.add_argument("--out", type=Path, required=True, metavar="FILE.gguf", help="the sidecar to write")
+    k.add_argument("--steps", type=arg_type(positive_int), default=kl_fit.STEPS, help="Adam steps")
+    k.add_argument("--batch", type=arg_type(positive_int), default=kl_fit.BATCH, help="windows per step")
+    k.add_argument("--lr", type=arg_type(nonneg_float), default=kl_fit.LR, help="Adam's learning rate")
+    k.add_argument("--train-windows", type=arg_type(positive_int), default=kl_fit.TRAIN_WINDOWS, help="of 256 tokens")
+    k.add_argument("--threads", type=arg_type(positive_int), default=1, help="llama.cpp and torch threads")
     s = sub.add_parser("show", parents=[output_parent()], help="a sidecar's header and layers; --model checks it")
     s.add_argument("sidecar", type=Path, metavar="FILE")
     s.add_argument("--model", type=Path, metavar="Q2.gguf", help="check that the sidecar was fitted for this model")
@@ -205,6 +221,37 @@ def _fit(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _fit_kl(args: argparse.Namespace) -> int:
+    for path in (args.model, args.quantized, args.start):
+        require_file(path)
+    _require_out(args.out)
+    kl_fit.require_torch()  # before the targets: the extra's name, not a traceback
+    if args.lr <= 0:
+        raise UsageError(f"--lr {args.lr}: a learning rate is above 0")
+    got = kl_fit.fit(args.model, args.quantized, args.start, train_windows=args.train_windows, steps=args.steps,
+                     batch=args.batch, lr=args.lr, threads=args.threads, log=logger.info)  # fmt: skip
+    comp_mod.write_compensator(args.out, got.compensator)
+    logger.info("wrote %s", args.out)
+    rows = [[s.step, f"{s.train_kl:.5f}", "-" if s.heldout_kl is None else f"{s.heldout_kl:.5f}"] for s in got.steps
+            if s.heldout_kl is not None]  # fmt: skip
+    doc = {
+        "out": str(args.out),
+        "start": str(args.start),
+        "start_heldout_kl": got.start_heldout_kl,
+        "best_heldout_kl": got.best_heldout_kl,
+        "best_step": got.best_step,
+        "steps": [vars(s) for s in got.steps],
+        "settings": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "train_windows": args.train_windows},
+        "seconds": round(got.seconds, 1),
+    }
+    after = [
+        f"held-out KL (the torch forward pass, {kl_fit.HELDOUT_WINDOWS} windows): {got.start_heldout_kl:.5f} at the "
+        f"start, {got.best_heldout_kl:.5f} kept (step {got.best_step}); wrote {args.out}"
+    ]
+    _emit(args, ["step", "batch KL", "held-out KL"], rows, doc, after=after)
+    return EXIT_OK
+
+
 def _show(args: argparse.Namespace) -> int:
     require_file(args.sidecar)
     comp = comp_mod.read_compensator(args.sidecar)
@@ -249,7 +296,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``onebit-compensator``; return the exit code."""
-    return run_command(PROG, _parser(), lambda a: _fit(a) if a.cmd == "fit" else _show(a), argv)
+    return run_command(PROG, _parser(), lambda a: {"fit": _fit, "fit-kl": _fit_kl, "show": _show}[a.cmd](a), argv)
 
 
 if __name__ == "__main__":

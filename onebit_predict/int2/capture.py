@@ -92,6 +92,7 @@ def _ggml_base(lib_dir: Path) -> ctypes.CDLL:
         ("ggml_nbytes", size, [p]),
         ("ggml_nelements", ctypes.c_int64, [p]),
         ("ggml_backend_tensor_get", None, [p, p, size, size]),
+        ("ggml_backend_tensor_set", None, [p, p, size, size]),
     ):
         fn = getattr(g, name)
         fn.restype, fn.argtypes = res, args
@@ -118,14 +119,27 @@ class Capture:
     n_predicted: int
 
 
+Replace = Callable[[int, LayerActivations], "np.ndarray | None"]
+"""``(layer, that layer's captured input, output and routing) -> the output to use instead, or None``."""
+
+
 class Capturer:
     """A model loaded with a context whose eval callback captures :data:`CAPTURED` (a context manager).
 
     ``compensator``, when given, is the patched build's own compensator (ONEBIT_MOE_COMPENSATOR): the
     graph adds it, and ``ffn_moe_out-{l}`` is then the corrected output. Every other knob is off.
+
+    ``replace``, when given, is asked for each layer's MoE output once it is computed (its input and
+    routing were computed before it, so they are at hand); an array it returns is written into the
+    graph's ``ffn_moe_out-{l}`` with ``ggml_backend_tensor_set`` before the next node reads it (the
+    scheduler computes no node after the one its callback is called for until the callback returns),
+    so the rest of the forward pass runs on it. The capture keeps what the graph computed, not the
+    replacement. It is how onebit-int2 blame puts one layer's full-precision output into a 2-bit model.
     """
 
-    def __init__(self, model_path: Path, threads: int = 1, compensator: Path | None = None) -> None:
+    def __init__(
+        self, model_path: Path, threads: int = 1, compensator: Path | None = None, replace: Replace | None = None
+    ) -> None:
         from ..llama.moe_api import FIELDS
         from ..llama.runner import Context, ContextSettings, Model, llama
 
@@ -133,6 +147,9 @@ class Capturer:
         self._g = _ggml_base(Path(lib.llama_cpp._lib._name).parent)
         self._error: BaseException | None = None
         self._got: dict[tuple[str, int], np.ndarray] = {}
+        self._replace = replace
+        self.replaced = 0  # layers' outputs replaced since the context was made
+        self.last_logprobs: np.ndarray | None = None  # run()'s last window's (T, n_vocab)
         self.model = Model(Path(model_path))
         settings = ContextSettings(n_ctx=WINDOW, n_batch=WINDOW, n_ubatch=WINDOW, n_threads=threads)
         self._cb = lib.ggml_backend_sched_eval_callback(self._callback)
@@ -159,6 +176,25 @@ class Capturer:
         view = np.ndarray((ne[1], ne[0]), dtype=dtype, buffer=buf, strides=(nb[1], nb[0]))
         return np.array(view)
 
+    def _write(self, t: int, layer: int) -> None:
+        """Ask ``replace`` for layer ``layer``'s output and write it into the tensor ``t``."""
+        got = self._got
+        if ("ffn_norm", layer) not in got:
+            raise CaptureError(f"ffn_moe_out-{layer} computed before ffn_norm-{layer}: nothing to replace it from")
+        act = LayerActivations(
+            got[("ffn_norm", layer)], got[("ffn_moe_out", layer)],
+            got.get(("ffn_moe_topk", layer)), got.get(("ffn_moe_weights_norm", layer)),
+        )  # fmt: skip
+        new = self._replace(layer, act) if self._replace is not None else None
+        if new is None:
+            return
+        new = np.ascontiguousarray(new, np.float32)
+        head = _TensorHead.from_address(t)
+        if new.shape != act.y.shape or int(head.nb[1]) != 4 * act.y.shape[1]:
+            raise CaptureError(f"ffn_moe_out-{layer}: a replacement {new.shape} for {act.y.shape}, rows {head.nb[1]} B")
+        self._g.ggml_backend_tensor_set(t, new.ctypes.data, 0, new.nbytes)
+        self.replaced += 1
+
     def _callback(self, t: int, ask: bool, _user: object) -> bool:
         # an exception must not cross into C: kept, raised by run() once llama_decode returns
         try:
@@ -171,6 +207,8 @@ class Capturer:
             if key in self._got:
                 raise CaptureError(f"{m.group(0)} computed twice in one ubatch")
             self._got[key] = self._read(t)
+            if self._replace is not None and key[0] == "ffn_moe_out":
+                self._write(t, key[1])
         except BaseException as e:  # noqa: BLE001 - see above
             self._error = self._error or e
         return True
@@ -199,6 +237,7 @@ class Capturer:
         n_tokens, nll, n_pred = 0, 0.0, 0
         for w in wins:
             got, lp = self._decode(w)
+            self.last_logprobs = lp
             w_nll = -float(np.sum(lp[np.arange(len(w) - 1), np.asarray(w[1:])]))
             for key, arr in got.items():
                 if arr.shape[0] != len(w):

@@ -26,7 +26,12 @@ llama-perplexity as ``ONEBIT_MOE_COMPENSATOR=FILE`` in an environment with no ot
 (or ``LLAMA_ARG_*``) variable inherited (variants.tool_env). A build whose llama-perplexity does not
 list ``--moe-compensator`` in its ``--help`` is refused for compensated rows (the variable would
 be ignored and the row would measure the plain variant). "Recovers" is ``(KL_2bit - KL_comp) /
-KL_2bit * 100``: how much of the variant's mean KLD the compensator takes back.
+KL_2bit * 100``: how much of the variant's mean KLD the compensator takes back; "PPL recovers", the
+seed's unit, ``(PPL_2bit - PPL_comp) / (PPL_2bit - PPL_F16) * 100``: how much of the perplexity gap
+to F16 it closes (both on the same scored tokens).
+
+Texts: ``val``, the corpus's validation split; ``outside`` (variants.OUTSIDE), llama-cpp-python's
+own Python sources, a second held-out text from outside the training corpus.
 
 Results are cached beside the variants (``kl-<key>.json``), keyed by the model's and the
 compensator's sha256, the base's and the arguments.
@@ -52,6 +57,8 @@ from .variants import (
     COMPENSATOR_LOADED,
     CTX,
     HELDOUT_TOKENS,
+    OUTSIDE,
+    TEXTS,
     VARIANTS,
     Int2Error,
     Made,
@@ -173,6 +180,14 @@ def recovers(kld_plain: float, kld_comp: float) -> float | None:
     return (kld_plain - kld_comp) / kld_plain * 100 if kld_plain > 0 else None
 
 
+def ppl_recovers(ppl_plain: float, ppl_comp: float, ppl_f16: float) -> float | None:
+    """The seed's unit: per cent of the plain variant's perplexity gap to F16 the compensator closes,
+    ``(PPL_2bit - PPL_comp) / (PPL_2bit - PPL_f16) * 100`` (negative: it made the perplexity worse;
+    None where the plain variant has no gap)."""
+    gap = ppl_plain - ppl_f16
+    return (ppl_plain - ppl_comp) / gap * 100 if gap > 0 else None
+
+
 def run_parsed(
     cmd: list[Any], what: str, parse: Callable[[str, str], T], out: Path | None = None, env: dict | None = None
 ) -> tuple[ToolRun, T]:
@@ -211,6 +226,7 @@ class Row:
     seconds: float
     cached: bool
     recovers_pct: float | None = None  # compensated rows: against the same variant without one
+    ppl_recovers_pct: float | None = None  # compensated rows: the seed's unit (ppl_recovers)
 
     def to_dict(self) -> dict[str, Any]:
         f = self.figures
@@ -231,19 +247,23 @@ class Row:
             out[key] = fig.value
             if fig.pm is not None:
                 out[f"{key}_pm"] = fig.pm
-        out.update(recovers_pct=self.recovers_pct, command=self.command, seconds=self.seconds, cached=self.cached)
+        out.update(recovers_pct=self.recovers_pct, ppl_recovers_pct=self.ppl_recovers_pct)
+        out.update(command=self.command, seconds=self.seconds, cached=self.cached)
         return out
 
 
 class Quality:
     """The quality runs of one source's variants on one held-out text."""
 
-    def __init__(self, store: Store, heldout_tokens: int = HELDOUT_TOKENS) -> None:
+    def __init__(self, store: Store, heldout_tokens: int = HELDOUT_TOKENS, text: str = "val") -> None:
         if heldout_tokens < 2 * CTX:
             raise Int2Error(f"the held-out text needs at least {2 * CTX} tokens (two windows), not {heldout_tokens}")
+        if text not in TEXTS:
+            raise Int2Error(f"text {text!r} is not one of {', '.join(TEXTS)}")
         self.store = store
-        self.text: Text = corpus_text("val", heldout_tokens, store.root)
-        check_corpus(store.source, self.text)
+        self.text: Text = corpus_text(text, heldout_tokens, store.root)
+        if text != OUTSIDE:
+            check_corpus(store.source, self.text)
         self.args = ["-c", str(CTX), "-b", str(BATCH)]
 
     def base(self, force: bool = False) -> Made:
@@ -321,14 +341,18 @@ class Quality:
         )
 
     def rows(self, variants: list[str], compensators: list[tuple[str, Path]]) -> list[Row]:
-        """F16 first, the variants in VARIANTS order, then each (variant, compensator) with its "recovers"."""
+        """F16 first, the variants in VARIANTS order, then each (variant, compensator) with its "recovers"
+        in both units (of the KL, and of the perplexity gap to F16: the seed's)."""
         names = [n for n in VARIANTS if n == "f16" or n in variants or n in {v for v, _ in compensators}]
         plain = {n: self.row(n) for n in names}
         out = list(plain.values())
+        ppl_f16 = plain["f16"].figures.ppl.value
         for name, comp in compensators:
             row = self.row(name, comp)
-            gain = recovers(plain[name].figures.kld_mean.value, row.figures.kld_mean.value)
-            out.append(replace(row, recovers_pct=gain))
+            p, c = plain[name].figures, row.figures
+            gain = recovers(p.kld_mean.value, c.kld_mean.value)
+            ppl_gain = ppl_recovers(p.ppl.value, c.ppl.value, ppl_f16)
+            out.append(replace(row, recovers_pct=gain, ppl_recovers_pct=ppl_gain))
         return out
 
     def labels(self) -> dict[str, Any]:

@@ -55,6 +55,8 @@ sha256; outputs are written under a temporary name and renamed (atomic.py).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import logging
 import os
@@ -89,6 +91,9 @@ TRAIN_TOKENS = 256 * 1024  # the imatrix's training text
 HELDOUT_TOKENS = 64 * 1024  # quality.py's and agreement.py's held-out text
 EOD_TEXT = b"<|endoftext|>"  # its text: the byte tokenizer maps it to token 256
 SPLITS = ("train", "val")
+OUTSIDE = "outside"  # the second held-out text: from outside the training corpus (outside_files)
+OUTSIDE_PACKAGE, OUTSIDE_DIST = "llama_cpp", "llama-cpp-python"  # its Python sources, pinned in pyproject.toml
+TEXTS = ("val", OUTSIDE)  # the held-out texts quality.py scores
 EXPERT_PATTERN = r"^blk\.\d+\.ffn_(gate|up|down)_exps\.weight$"  # the tensors a variant changes
 _EXPERT = re.compile(EXPERT_PATTERN)
 COMPENSATOR_LOADED = "onebit: compensator '"  # the line libllama logs when it loaded a compensator
@@ -209,14 +214,20 @@ class Text:
     sha256: str
     corpus_fingerprint: str  # tools/train_tiny.py's: sha256 over the relative paths and the files' sha256
     python: str  # the CPython whose stdlib it is
+    package: str | None = None  # OUTSIDE: the distribution and version whose sources it is
 
     @property
     def description(self) -> str:
+        files = f"({len(self.files)} files, {self.files[0]} .. {self.files[-1]})"
+        if self.split == OUTSIDE:
+            return (
+                f"{self.package}'s own Python sources (outside the training corpus), first {self.n_tokens} tokens "
+                f"{files}, text sha256 {self.sha256[:16]}"
+            )
         what = "training" if self.split == "train" else "held-out (validation)"
         return (
             f"CPython {self.python} stdlib {what} split, first {self.n_tokens} tokens "
-            f"({len(self.files)} files, {self.files[0]} .. {self.files[-1]}), corpus {self.corpus_fingerprint[:16]}, "
-            f"text sha256 {self.sha256[:16]}"
+            f"{files}, corpus {self.corpus_fingerprint[:16]}, text sha256 {self.sha256[:16]}"
         )
 
     def summary(self) -> dict[str, Any]:
@@ -229,6 +240,7 @@ class Text:
             "sha256": self.sha256,
             "corpus_fingerprint": self.corpus_fingerprint,
             "python": self.python,
+            "package": self.package,
             "description": self.description,
         }
 
@@ -256,18 +268,18 @@ def _utf8_prefix(data: bytes) -> bytes:
 
 def build_text(split: str, n_tokens: int, files: Sequence[tuple[str, Path]]) -> tuple[bytes, int, list[str], str]:
     """(text, tokens, files used, corpus fingerprint) of the first ``n_tokens`` of ``split``'s stream."""
-    if split not in SPLITS:
-        raise Int2Error(f"split {split!r} is not one of {SPLITS}")
+    if split not in (*SPLITS, OUTSIDE):
+        raise Int2Error(f"split {split!r} is not one of {(*SPLITS, OUTSIDE)}")
     fingerprint = hashlib.sha256()
     out, n, used, cut = bytearray(), 0, [], False
     for rel, path in files:
         data = path.read_bytes()
-        if EOD_TEXT in data:
-            raise Int2Error(f"{path} holds {EOD_TEXT!r}: it would read as the end-of-file token")
         fingerprint.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
-        if cut or is_validation(rel) != (split == "val"):
+        if cut or (split != OUTSIDE and is_validation(rel) != (split == "val")):
             continue
         take = data[: n_tokens - n]
+        if EOD_TEXT in take:  # only in what the text holds (llama-cpp-python's chat templates name it)
+            raise Int2Error(f"{path} holds {EOD_TEXT!r}: it would read as the end-of-file token")
         if len(take) < len(data):
             take, cut = _utf8_prefix(take), True
         out += take
@@ -282,9 +294,24 @@ def build_text(split: str, n_tokens: int, files: Sequence[tuple[str, Path]]) -> 
     return bytes(out), n, used, fingerprint.hexdigest()
 
 
+def outside_files() -> list[tuple[str, Path]]:
+    """(relative path, path) of the installed llama-cpp-python's ``*.py``, sorted: Python source that is
+    not the CPython stdlib, pinned by pyproject.toml, on every machine the project runs on."""
+    spec = importlib.util.find_spec(OUTSIDE_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise Int2Error(f"{OUTSIDE_DIST} is not installed: it is the {OUTSIDE} text's source")
+    root = Path(spec.origin).parent
+    return sorted((p.relative_to(root).as_posix(), p) for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+
+
 def corpus_text(split: str, n_tokens: int, root: Path | None = None, stdlib: Path | None = None) -> Text:
-    """The text of the first ``n_tokens`` tokens of ``split``, written once under ``<root>/texts``."""
-    files = corpus_files(stdlib)
+    """The text of the first ``n_tokens`` tokens of ``split`` (or of the OUTSIDE text), written once
+    under ``<root>/texts``."""
+    package = None
+    if split == OUTSIDE:
+        files, package = outside_files(), f"{OUTSIDE_DIST} {importlib.metadata.version(OUTSIDE_DIST)}"
+    else:
+        files = corpus_files(stdlib)
     if not files:
         raise Int2Error("no stdlib sources found (sysconfig's stdlib path)")
     data, n, used, fingerprint = build_text(split, n_tokens, files)
@@ -293,7 +320,7 @@ def corpus_text(split: str, n_tokens: int, root: Path | None = None, stdlib: Pat
     if not (path.is_file() and path.read_bytes() == data):
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, data)
-    return Text(path, split, n, tuple(used), hashlib.sha256(data).hexdigest(), fingerprint, python)
+    return Text(path, split, n, tuple(used), hashlib.sha256(data).hexdigest(), fingerprint, python, package)
 
 
 def trained_corpus(model: Path) -> str | None:

@@ -1,0 +1,123 @@
+"""The compensator's two new forms, before any patch: a map per routed expert (int2/per_expert.py,
+numpy, scored end to end through the capture's hook) and every layer's map fitted to the KL
+(int2/kl_fit.py, torch: the optional ``fit`` extra, skipped where torch is absent).
+
+- per-expert: a small fit on the real Q2_K variant removes residual energy in layer 0 on held-out
+  windows, holds the values it says, and its row runs through llama.cpp's graph (a KL that differs
+  from the plain row's); the command takes one variant and at most one sidecar, exit 2 otherwise.
+- kl_fit: its torch forward pass is llama.cpp's on the F16 model (KL < 1e-5 per token); a fit of
+  two steps writes a valid sidecar whose kept held-out KL is never above the start's; without torch
+  the module names the extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from onebit_predict.commands.int2 import main as int2_main
+from onebit_predict.int2 import kl_fit as K
+from onebit_predict.int2 import per_expert as P
+from onebit_predict.int2.capture import Capturer, corpus_streams, windows
+from onebit_predict.int2.variants import Store
+
+REPO = Path(__file__).resolve().parent.parent
+H256 = REPO / "models" / "qwen3moe-h256.gguf"
+TORCH = "needs torch (the optional 'fit' extra)"
+
+
+@pytest.fixture(scope="module")
+def q2(tmp_path_factory) -> Path:
+    return Store(H256, tmp_path_factory.mktemp("int2"), threads=1, train_tokens=2048).variant("q2_k").path
+
+
+@pytest.mark.needs_build
+def test_a_map_per_expert(q2):
+    fits = P.fit(H256, q2, [16], train_windows=8)
+    pe = fits[16]
+    assert sorted({li for li, _ in pe.maps}) == [0, 1, 2, 3] and pe.values() == len(pe.maps) * 2 * 16 * 256
+    plain, row = P.score(H256, q2, fits, heldout_windows=2)
+    assert (plain.name, plain.values, plain.energy_removed) == ("plain", 0, {})
+    assert row.name == "per-expert input" and row.rank == 16 and row.kl_mean != plain.kl_mean
+    assert row.energy_removed[0] > 0.3, row.energy_removed  # layer 0: the easiest, as the per-layer map's 98 %
+    with pytest.raises(ValueError, match="per-expert source 'middle'"):
+        P.fit(H256, q2, [16], "middle", train_windows=2)
+
+
+def test_per_expert_takes_one_variant_and_one_sidecar(run_cli, tmp_path):
+    rc, _, err = run_cli(int2_main, "per-expert", H256, "--types", "q2_k,iq2_s", "--cache-dir", tmp_path)
+    assert rc == 2 and "per-expert takes one variant (--types), not q2_k,iq2_s" in err
+    side = tmp_path / "s.gguf"
+    side.write_bytes(b"x")
+    rc, _, err = run_cli(int2_main, "per-expert", H256, "--types", "q2_k", "--compensator", f"iq2_s={side}",
+                         "--cache-dir", tmp_path)  # fmt: skip
+    assert rc == 2 and "at most one --compensator, for q2_k" in err
+
+
+def test_kl_fit_names_its_extra_without_torch(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch":
+            raise ImportError("no torch")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    with pytest.raises(K.KlFitError, match=r"pip install -e \.\[fit\]"):
+        K.require_torch()
+
+
+@pytest.mark.needs_build
+def test_the_torch_forward_pass_is_llama_cpp_s():
+    torch = pytest.importorskip("torch", reason=TORCH)
+    model = K.TorchQwen3Moe(H256)
+    (w,) = windows(corpus_streams()[1], 1)
+    with Capturer(H256, 1) as cap:
+        ref = cap.logprobs(w)
+    lp = model.logits(torch.from_numpy(w[None].astype(np.int64)))[0].double().log_softmax(-1).numpy()
+    kl = float(np.mean(np.sum(np.exp(ref) * (ref - lp), axis=1)))
+    assert kl < 1e-5, kl
+    assert float(np.mean(np.sum(np.exp(ref) * (ref - np.roll(lp, 1, axis=0)), axis=1))) > 0.1  # the check can fail
+
+
+@pytest.mark.needs_build
+def test_a_short_kl_fit_writes_a_valid_sidecar(q2, tmp_path):
+    pytest.importorskip("torch", reason=TORCH)
+    from onebit_predict.commands.compensator import main as compensator_main
+    from onebit_predict.int2.compensator import check_model, read_compensator, write_compensator
+
+    start = tmp_path / "ls.comp.gguf"
+    argv = ["fit", "--model", str(H256), "--quantized", str(q2), "--out", str(start), "--source", "output"]
+    assert (
+        compensator_main([*argv, "--ranks", "16", "--rank", "16", "--tokens", "2048", "--heldout-tokens", "512"]) == 0
+    )
+    got = K.fit(H256, q2, start, train_windows=2, heldout_windows=2, steps=2, batch=1)
+    assert got.best_heldout_kl <= got.start_heldout_kl and len(got.steps) == 2
+    out = tmp_path / "kl.comp.gguf"
+    write_compensator(out, got.compensator)
+    again = read_compensator(out)
+    check_model(again, q2)
+    assert again.rank == 16 and "then KL against F16, 2 steps" in again.fitted_on
+
+
+def test_fit_kl_command_input_errors(run_cli, tmp_path, monkeypatch):
+    from onebit_predict.commands.compensator import main as compensator_main
+
+    side = tmp_path / "s.gguf"
+    side.write_bytes(b"x")
+    base = ["fit-kl", "--model", H256, "--quantized", H256, "--out", tmp_path / "o.gguf"]
+    rc, _, err = run_cli(compensator_main, *base, "--start", tmp_path / "absent.gguf")
+    assert rc == 2 and "no such file" in err
+    rc, _, err = run_cli(compensator_main, *base, "--start", side, "--lr", "0")
+    assert rc == 2 and "a learning rate is above 0" in err
+
+    def no_torch():
+        raise K.KlFitError(f"fitting to the KL needs torch: pip install -e .[{K.EXTRA}]")
+
+    monkeypatch.setattr(K, "require_torch", no_torch)
+    rc, out, err = run_cli(compensator_main, *base, "--start", side)
+    assert rc == 2 and out == "" and "pip install -e .[fit]" in err
