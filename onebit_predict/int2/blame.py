@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from .capture import Capturer, LayerActivations, Replace, corpus_streams, windows
-from .moe_numpy import MoeModel, load_moe, moe_forward
+from .capture import Capture, Capturer, LayerActivations, Replace, corpus_streams, reference_output, windows
+from .moe_numpy import MoeModel, load_moe
 
 HELDOUT_WINDOWS = 128  # 32,768 held-out tokens
 TRAIN_WINDOWS = 32  # training windows for the in-sample residual energy
@@ -94,7 +94,7 @@ def full_precision(ref: MoeModel, layers: Sequence[int] | None) -> Replace:
     def replace(layer: int, act: LayerActivations) -> np.ndarray | None:
         if layers is not None and layer not in layers:
             return None
-        return moe_forward(ref, layer, act.x, act.experts, act.weights)
+        return reference_output(ref, layer, act)
 
     return replace
 
@@ -103,18 +103,22 @@ def _sets(experts: np.ndarray) -> np.ndarray:
     return np.sort(np.asarray(experts), axis=1)
 
 
-def _energy(ref: MoeModel, capturer: Capturer, wins: Sequence[np.ndarray]) -> tuple[dict[int, float], Any]:
-    """Per layer, the residual energy share over ``wins``; and the last run's capture (its routing)."""
-    err: dict[int, float] = {}
-    tot: dict[int, float] = {}
-    cap = None
-    for w in wins:
-        cap = capturer.run([w])
+class _Energy:
+    """Per layer, ``||moe_f16(x) - y||^2`` and ``||moe_f16(x)||^2`` summed over the captures added."""
+
+    def __init__(self, ref: MoeModel) -> None:
+        self.ref = ref
+        self.err: dict[int, float] = {}
+        self.tot: dict[int, float] = {}
+
+    def add(self, cap: Capture) -> None:
         for li, act in cap.layers.items():
-            want = moe_forward(ref, li, act.x, act.experts, act.weights).astype(np.float64)
-            err[li] = err.get(li, 0.0) + float(np.sum((want - act.y) ** 2))
-            tot[li] = tot.get(li, 0.0) + float(np.sum(want**2))
-    return {li: err[li] / max(tot[li], 1e-30) for li in err}, cap
+            want = reference_output(self.ref, li, act).astype(np.float64)
+            self.err[li] = self.err.get(li, 0.0) + float(np.sum((want - act.y) ** 2))
+            self.tot[li] = self.tot.get(li, 0.0) + float(np.sum(want**2))
+
+    def share(self) -> dict[int, float]:
+        return {li: self.err[li] / max(self.tot[li], 1e-30) for li in self.err}
 
 
 def blame(
@@ -140,6 +144,7 @@ def blame(
     top1 = 0
     flips: list[np.ndarray] = []  # per window: (T, n_layer) bool
     layer_ids = sorted(ref.layers)
+    e_held, e_train = _Energy(ref), _Energy(ref)
     with Capturer(full, threads) as cap_full, Capturer(quantized, threads, compensator) as cap_q:
         per_layer = [Capturer(quantized, threads, compensator, full_precision(ref, [li])) for li in layer_ids]
         every = Capturer(quantized, threads, compensator, full_precision(ref, None))
@@ -149,6 +154,7 @@ def blame(
                 f_lp = cap_full.last_logprobs
                 q_cap = cap_q.run([w])
                 q_lp = cap_q.last_logprobs
+                e_held.add(q_cap)
                 kl = token_kl(f_lp, q_lp)
                 kl_parts.append(kl)
                 top1 += int(np.sum(f_lp.argmax(axis=1) == q_lp.argmax(axis=1)))
@@ -171,8 +177,8 @@ def blame(
         finally:
             for c in [*per_layer, every]:
                 c.close()
-        e_held, _ = _energy(ref, cap_q, held)
-        e_train, _ = _energy(ref, cap_q, windows(train, train_windows))
+        for w in windows(train, train_windows):
+            e_train.add(cap_q.run([w]))
     kl_all = np.concatenate(kl_parts)
     flip = np.concatenate(flips)
     n = len(kl_all)
@@ -183,6 +189,7 @@ def blame(
             f"{quantized}: with every layer's MoE output replaced by F16's the KL is {control:.3g} nats "
             f"(the row's {mean:.3g}): the replacement did not reach the graph"
         )
+    held_share, train_share = e_held.share(), e_train.share()
     layers = []
     for j, li in enumerate(layer_ids):
         sel = flip[:, j]
@@ -196,8 +203,8 @@ def blame(
                 float(sel.mean()),
                 float(kl_all[sel].mean()) if sel.any() else None,
                 float(kl_all[~sel].mean()) if (~sel).any() else 0.0,
-                e_held[li],
-                e_train[li],
+                held_share[li],
+                train_share[li],
             )
         )
     any_flip = flip.any(axis=1)

@@ -36,9 +36,9 @@ from pathlib import Path
 import numpy as np
 
 from .blame import token_kl
-from .capture import Capturer, LayerActivations, corpus_streams, windows
+from .capture import Capturer, LayerActivations, corpus_streams, reference_output, windows
 from .compensator import SOURCE_INPUT, SOURCE_OUTPUT, Compensator, CompensatorLayer, Moments, read_compensator, sweep
-from .moe_numpy import MoeModel, _silu, load_moe, moe_forward
+from .moe_numpy import MoeModel, _silu, load_moe
 
 RANKS = (16, 64)
 TRAIN_WINDOWS = 256  # 65,536 training tokens, as onebit-compensator fit
@@ -186,7 +186,7 @@ def score(
                     if i:
                         continue
                     for li, act in layers.items():  # every correction's energy on the plain run's own rows
-                        want = moe_forward(full, li, act.x, act.experts, act.weights).astype(np.float64)
+                        want = reference_output(full, li, act).astype(np.float64)
                         for j, (_, _, _, fix, _) in enumerate(rows):
                             got = act.y if fix is None else fix(li, act)
                             err[j][li] += float(np.sum((want - got) ** 2))
