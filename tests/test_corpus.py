@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from onebit_predict import corpus
-from onebit_predict.int2 import capture, variants
+from onebit_predict.int2 import capture, texts
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,5 +32,5 @@ def test_every_user_shares_the_one_rule():
     tt = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tt)
     assert tt.corpus_files is corpus.corpus_files and tt.is_validation is corpus.is_validation
-    assert variants.corpus_files is corpus.corpus_files and capture.is_validation is corpus.is_validation
-    assert tt.EOD == variants.EOD == capture.EOD == corpus.EOD == 256
+    assert texts.corpus_files is corpus.corpus_files and capture.is_validation is corpus.is_validation
+    assert tt.EOD == texts.EOD == capture.EOD == corpus.EOD == 256

@@ -113,7 +113,7 @@ def test_fit_kl_command_input_errors(run_cli, tmp_path, monkeypatch):
     rc, _, err = run_cli(compensator_main, *base, "--start", tmp_path / "absent.gguf")
     assert rc == 2 and "no such file" in err
     rc, _, err = run_cli(compensator_main, *base, "--start", side, "--lr", "0")
-    assert rc == 2 and "a learning rate is above 0" in err
+    assert rc == 2 and "'0' is not a finite number > 0" in err
 
     def no_torch():
         raise K.KlFitError(f"fitting to the KL needs torch: pip install -e .[{K.EXTRA}]")

@@ -21,6 +21,7 @@ import pytest
 
 from onebit_predict.commands.int2 import main as int2_main
 from onebit_predict.constants import ENV_COMPENSATOR, ENV_MODE, ENV_OUT
+from onebit_predict.corpus import corpus_files, is_validation
 from onebit_predict.int2 import agreement as ag
 from onebit_predict.int2.quality import (
     Figure,
@@ -31,19 +32,13 @@ from onebit_predict.int2.quality import (
     ppl_recovers,
     recovers,
 )
+from onebit_predict.int2.texts import EOD_TEXT, OUTSIDE, TextError, build_text, corpus_text, outside_files
 from onebit_predict.int2.variants import (
-    EOD_TEXT,
-    OUTSIDE,
     VARIANTS,
     Int2Error,
     Store,
     block_size,
-    build_text,
-    corpus_files,
-    corpus_text,
-    is_validation,
     keep_patterns,
-    outside_files,
     read_manifest,
     recipe_key,
     tool_env,
@@ -300,7 +295,7 @@ def test_build_text_is_the_split_stream(tmp_path):
     (root / "zz.py").write_bytes(EOD_TEXT)  # the marker in a file the text does not reach: no matter
     files = corpus_files(root)
     assert build_text("train", 10, files)[1] == 10
-    with pytest.raises(Int2Error, match="zz.py holds"):
+    with pytest.raises(TextError, match="zz.py holds"):
         build_text(OUTSIDE, 100_000, files)
 
 
@@ -452,7 +447,6 @@ def test_quality_f16_is_exact_and_q2_k_is_not(h256_store):
 
 @pytest.mark.needs_build
 def test_text_tokenizes_to_its_ids_and_routing_agrees_with_itself(h256_store):
-    from onebit_predict.int2.variants import corpus_text
     from onebit_predict.llama.runner import Model
 
     text = corpus_text("val", 512, h256_store.root)

@@ -205,6 +205,13 @@ def nonneg_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A finite number > 0 (ValueError with the reason otherwise)."""
+    if nonneg_float(text) == 0:
+        raise ValueError(f"'{text}' is not a finite number > 0")
+    return float(text)
+
+
 def layer_list(text: str) -> frozenset[int]:
     """``1,3-5`` -> {1, 3, 4, 5}: the one layer-list parser of the commands' ``--layers``.
 

@@ -15,11 +15,11 @@
   extra, its absence an input error naming it); the step with the lowest held-out KL is written;
 - ``show FILE [--model Q2.gguf]`` prints the sidecar's header and per-layer norms and, with
   ``--model``, checks that the sidecar was fitted for that model (exit 1 when it was not); a file
-  the reader refuses (a layer whose gain bound ``||up||*||down||`` exceeds 65504, F16's largest
-  value, included: int2/compensator.py) is an input error, exit 2.
+  the reader refuses (a layer whose gain bound ``||up||*||down||`` exceeds 65504, F16's largest value,
+  included: int2/compensator.py) is an input error, exit 2.
 
-Tables by default; ``--json`` or ``--csv`` on stdout; progress on stderr.
-Exit codes: 0 ok, 1 the sidecar does not fit the model, 2 usage or input error (commands/common.py).
+Tables by default; ``--json`` or ``--csv`` on stdout; progress on stderr. Exit codes: 0 ok, 1 the
+sidecar does not fit the model, 2 usage or input error (commands/common.py).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from .common import (
     UsageError,
     arg_type,
     comma_list,
-    nonneg_float,
     output_parent,
+    positive_float,
     positive_int,
     require_file,
     run_command,
@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--out", type=Path, required=True, metavar="FILE.gguf", help="the sidecar to write")
     k.add_argument("--steps", type=arg_type(positive_int), default=kl_fit.STEPS, help="Adam steps")
     k.add_argument("--batch", type=arg_type(positive_int), default=kl_fit.BATCH, help="windows per step")
-    k.add_argument("--lr", type=arg_type(nonneg_float), default=kl_fit.LR, help="Adam's learning rate")
+    k.add_argument("--lr", type=arg_type(positive_float), default=kl_fit.LR, help="Adam's learning rate")
     k.add_argument("--train-windows", type=arg_type(positive_int), default=kl_fit.TRAIN_WINDOWS, help="of 256 tokens")
     k.add_argument("--threads", type=arg_type(positive_int), default=1, help="llama.cpp and torch threads")
     s = sub.add_parser("show", parents=[output_parent()], help="a sidecar's header and layers; --model checks it")
@@ -226,14 +226,11 @@ def _fit_kl(args: argparse.Namespace) -> int:
         require_file(path)
     _require_out(args.out)
     kl_fit.require_torch()  # before the targets: the extra's name, not a traceback
-    if args.lr <= 0:
-        raise UsageError(f"--lr {args.lr}: a learning rate is above 0")
     got = kl_fit.fit(args.model, args.quantized, args.start, train_windows=args.train_windows, steps=args.steps,
                      batch=args.batch, lr=args.lr, threads=args.threads, log=logger.info)  # fmt: skip
     comp_mod.write_compensator(args.out, got.compensator)
     logger.info("wrote %s", args.out)
-    rows = [[s.step, f"{s.train_kl:.5f}", "-" if s.heldout_kl is None else f"{s.heldout_kl:.5f}"] for s in got.steps
-            if s.heldout_kl is not None]  # fmt: skip
+    rows = [[s.step, f"{s.train_kl:.5f}", f"{s.heldout_kl:.5f}"] for s in got.steps if s.heldout_kl is not None]
     doc = {
         "out": str(args.out),
         "start": str(args.start),

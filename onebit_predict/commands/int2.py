@@ -32,15 +32,11 @@ type whose blocks do not divide the experts' rows, refused before any work, no b
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from ..constants import EXIT_OK
 from ..int2 import per_expert
@@ -52,28 +48,24 @@ from ..int2.per_expert import RANKS as PER_EXPERT_RANKS
 from ..int2.per_expert import TRAIN_WINDOWS as PER_EXPERT_TRAIN
 from ..int2.plot import labels as plot_labels
 from ..int2.plot import load_report, plot_quality, table_parts, table_rows
-from ..int2.quality import Quality, recovers
+from ..int2.quality import Quality
+from ..int2.texts import OUTSIDE, OUTSIDE_DIST, TEXTS, corpus_text
 from ..int2.variants import (
-    CTX,
     DEFAULT_VARIANTS,
     HELDOUT_TOKENS,
-    OUTSIDE,
-    OUTSIDE_DIST,
-    TEXTS,
     TRAIN_TOKENS,
     VARIANTS,
     Store,
     ToolFailed,
     VariantMismatch,
-    corpus_text,
 )
+from . import int2_out as out
 from .common import (
     EPILOG,
     CheckFailed,
     UsageError,
     arg_type,
     comma_list,
-    fmt,
     model_parent,
     output_parent,
     positive_int,
@@ -81,10 +73,10 @@ from .common import (
     run_command,
     table,
 )
+from .int2_out import emit
 
 logger = logging.getLogger("onebit_predict")
 PROG = "onebit-int2"
-MIB = 1 << 20
 
 
 def _variant(text: str) -> str:
@@ -176,24 +168,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _emit(args: argparse.Namespace, labels: dict[str, Any], rows: list[dict[str, Any]], text: list[str]) -> None:
-    """``--json``: labels and rows; ``--csv``: the rows (nested values as JSON); else ``text``."""
-    if args.json:
-        print(json.dumps({**labels, "rows": rows}, indent=2))
-    elif args.csv:
-        keys = list(dict.fromkeys(k for r in rows for k in r))
-        out = csv.DictWriter(sys.stdout, keys, lineterminator="\n")
-        out.writeheader()
-        for r in rows:
-            out.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in r.items()})
-    else:
-        print("\n".join(text))
-
-
-def _model_line(store: Store) -> str:
-    return f"model: {store.source} (sha256 {store.sha256[:16]})"
-
-
 def _variants(args: argparse.Namespace, store: Store) -> int:
     rows = []
     for name in ["f16", *[n for n in args.types if n != "f16"]]:
@@ -216,46 +190,13 @@ def _variants(args: argparse.Namespace, store: Store) -> int:
             }
         )
     imatrix = store.imatrix() if any(VARIANTS[n].imatrix for n in args.types) else None
-    labels: dict[str, Any] = {"model": str(store.source), "model_sha256": store.sha256, "imatrix": None}
-    lines = [_model_line(store)]
-    if imatrix:
-        m = imatrix.manifest
-        labels["imatrix"] = {k: m[k] for k in ("sha256", "command", "seconds", "text")} | {"path": str(imatrix.path)}
-        lines.append(f"imatrix: {imatrix.path.name} on {m['text']['description']}")
-    titles = ["variant", "expert type", "bpw", "file MiB", "expert bytes/token", "sha256", "cached", "s"]
-    cells = [
-        [r["variant"], r["expert_type"], r["bits_per_weight"], f"{r['bytes'] / MIB:.2f}"]
-        + [str(r["expert_bytes_per_token"]), r["sha256"][:12], "yes" if r["cached"] else "no", fmt(r["seconds"], ".1f")]
-        for r in rows
-    ]
-    _emit(args, labels, rows, [*lines, table(titles, cells)])
+    emit(args, *out.variants_report(store, rows, imatrix))
     return EXIT_OK
-
-
-def _pm(value: float, pm: float | None, spec: str) -> str:
-    return format(value, spec) + ("" if pm is None else f" ± {format(pm, spec)}")
 
 
 def _quality(args: argparse.Namespace, store: Store) -> int:
     q = Quality(store, args.heldout_tokens, args.text)
-    rows = [r.to_dict() for r in q.rows(args.types, args.compensator)]
-    labels = q.labels()
-    lines = [
-        _model_line(store),
-        f"text: {q.text.description}",
-        f"windows of {labels['ctx']} tokens, {labels['scored_per_window']} scored per window; "
-        f"F16 PPL {labels['base']['ppl']['value']:.4f} ± {labels['base']['ppl']['pm']:.4f}",
-    ]
-    titles = ["row", "expert type", "mean KLD", "p99 KLD", "max KLD", "top-1 %", "PPL", "expert bytes/token"]
-    titles += ["recovers %", "PPL recovers %"]
-    cells = [
-        [r["variant"] + (f"+{Path(r['compensator']).name}" if r["compensator"] else ""), r["expert_type"]]
-        + [_pm(r["kld_mean"], r.get("kld_mean_pm"), ".5f"), f"{r['kld_p99']:.5f}", f"{r['kld_max']:.4f}"]
-        + [_pm(r["top1_pct"], r.get("top1_pct_pm"), ".2f"), _pm(r["ppl"], r.get("ppl_pm"), ".4f")]
-        + [str(r["expert_bytes_per_token"]), fmt(r["recovers_pct"], ".1f"), fmt(r["ppl_recovers_pct"], ".1f")]
-        for r in rows
-    ]
-    _emit(args, labels, rows, [*lines, table(titles, cells)])
+    emit(args, *out.quality_report(store, q, [r.to_dict() for r in q.rows(args.types, args.compensator)]))
     return EXIT_OK
 
 
@@ -264,33 +205,7 @@ def _agreement(args: argparse.Namespace, store: Store) -> int:
     names = [n for n in VARIANTS if n == "f16" or n in args.types]
     pairs = [(n, None) for n in names] + list(args.compensator)
     found, plist = compare(store, text.tokens(), pairs, args.prompts, args.prompt_tokens, args.generate)
-    rows = [a.to_dict(plist) for a in found]
-    n_windows = len(text.tokens()) // CTX
-    labels = {
-        "model": str(store.source),
-        "model_sha256": store.sha256,
-        "text": text.summary(),
-        "routing": f"{n_windows} windows of {CTX} tokens, teacher-forced, every row routed",
-        "greedy": {"prompts": [{"offset": o, "tokens": p} for o, p in plist], "generate": args.generate},
-    }
-    layers = [x["layer"] for x in rows[0]["layers"]] if rows else []
-    lines = [
-        _model_line(store),
-        f"text: {text.description}",
-        f"routing: {labels['routing']}: % of tokens whose expert set is F16's, per layer (mean overlap in brackets)",
-        f"greedy: {len(plist)} prompts of {args.prompt_tokens} tokens at offsets {[o for o, _ in plist]}, "
-        f"{args.generate} tokens generated: the first position that differs from F16's ('-' none); "
-        f"the mean counts none as {args.generate}",
-    ]
-    titles = ["row", *[f"L{x}" for x in layers], "mean", *[f"p{i}" for i in range(len(plist))], "mean first"]
-    cells = []
-    for r in rows:
-        name = r["variant"] + (f"+{Path(r['compensator']).name}" if r["compensator"] else "")
-        per = [f"{x['set_equal'] * 100:.2f}" for x in r["layers"]]
-        mean = f"{r['set_equal_mean'] * 100:.2f} ({r['overlap_mean'] * 100:.2f})"
-        firsts = [fmt(g["first_divergence"], "d") for g in r["greedy"]]
-        cells.append([name, *per, mean, *firsts, f"{r['greedy_mean_first_divergence']:.1f}"])
-    _emit(args, labels, rows, [*lines, table(titles, cells)])
+    emit(args, *out.agreement_report(store, text, found, plist, args.prompt_tokens, args.generate))
     return EXIT_OK
 
 
@@ -304,36 +219,7 @@ def _blame(args: argparse.Namespace, store: Store) -> int:
         logger.info("blame: %s%s", name, f" + {comp.name}" if comp else "")
         found.append(blame(store.source, made.path, name, comp, heldout_windows=args.windows,
                            train_windows=args.train_windows, threads=store.threads, log=logger.info))  # fmt: skip
-    rows = [r.to_dict() for r in found]
-    labels = {
-        "model": str(store.source),
-        "model_sha256": store.sha256,
-        "text": f"{args.windows} held-out windows of {CTX} tokens (validation split, evenly spaced), every row "
-        f"scored; residual energy also on {args.train_windows} training windows",
-    }
-    lines = [
-        _model_line(store),
-        f"text: {labels['text']}",
-        "KL removed: the row's mean KL less its KL with that layer's MoE output replaced by F16's (its own input "
-        "and routing); flip: tokens whose expert set is not F16's; energy: ||moe_f16(x) - y||^2 / ||moe_f16(x)||^2",
-    ]
-    titles = ["row", "layer", "KL removed", "share %", "flip %", "KL flipped", "KL kept", "energy held-out %"]
-    titles.append("energy train %")
-    cells = []
-    for r in found:
-        name = r.variant + (f"+{Path(r.compensator).name}" if r.compensator else "")
-        lines.append(
-            f"{name}: mean KL {r.kl_mean:.5f}, p99 {r.kl_p99:.5f}, max {r.kl_max:.4f}, top-1 {r.top1 * 100:.2f} %, "
-            f"{r.tokens} tokens; every layer replaced: {r.kl_all_replaced:.2g} (the control); routing flipped "
-            f"somewhere on {r.any_flip * 100:.1f} % of tokens, which carry {r.kl_any_flip_share * 100:.1f} % of the KL"
-        )
-        for x in r.layers:
-            cells.append(
-                [name, str(x.layer), f"{x.kl_removed:.5f}", f"{x.share * 100:.1f}", f"{x.flip * 100:.2f}"]
-                + [fmt(x.kl_flipped, ".5f"), f"{x.kl_kept:.5f}", f"{x.energy_heldout * 100:.2f}"]
-                + [f"{x.energy_train * 100:.2f}"]
-            )
-    _emit(args, labels, rows, [*lines, table(titles, cells)])
+    emit(args, *out.blame_report(store, found, args.windows, args.train_windows))
     return EXIT_OK
 
 
@@ -350,33 +236,7 @@ def _per_expert(args: argparse.Namespace, store: Store) -> int:
                           threads=store.threads, log=logger.info)  # fmt: skip
     found = per_expert.score(store.source, made.path, fits, sidecars[0] if sidecars else None,
                              heldout_windows=args.windows, threads=store.threads)  # fmt: skip
-    plain = found[0].kl_mean
-    rows = [asdict(r) | {"recovers_pct": recovers(plain, r.kl_mean) if r.values else None} for r in found]
-    labels = {
-        "model": str(store.source),
-        "model_sha256": store.sha256,
-        "variant": name,
-        "quantized": str(made.path),
-        "text": f"fitted on {args.train_windows} training windows of {CTX} tokens; scored on {args.windows} "
-        f"held-out windows (validation split, evenly spaced), every row",
-    }
-    lines = [
-        _model_line(store) + f", variant {name} ({made.path.name})",
-        f"text: {labels['text']}",
-        "KL against F16 with the correction in llama.cpp's graph (per-expert: written in by the capture's hook); "
-        "energy: the share of ||moe_f16(x) - y||^2 each removes, per layer",
-    ]
-    layers = sorted({li for r in found for li in r.energy_removed})
-    titles = ["row", "rank", "mean KLD", "p99 KLD", "max KLD", "top-1 %", "recovers %"]
-    titles += [f"L{li} energy %" for li in layers] + ["MiB held"]
-    cells = [
-        [r["name"], fmt(r["rank"], "d"), f"{r['kl_mean']:.5f}", f"{r['kl_p99']:.5f}", f"{r['kl_max']:.4f}"]
-        + [f"{r['top1'] * 100:.2f}", fmt(r["recovers_pct"], ".1f")]
-        + [fmt(r["energy_removed"][li] * 100 if li in r["energy_removed"] else None, ".1f") for li in layers]
-        + [f"{r['values'] * 4 / MIB:.2f}"]
-        for r in rows
-    ]
-    _emit(args, labels, rows, [*lines, table(titles, cells)])
+    emit(args, *out.per_expert_report(store, made, name, found, args.train_windows, args.windows))
     return EXIT_OK
 
 
@@ -386,7 +246,7 @@ def _plot(args: argparse.Namespace) -> int:
     plot_quality(report, args.out)
     logger.info("wrote %s", args.out)
     head, titles, cells = table_parts(report, args.out)
-    _emit(args, plot_labels(report, args.out), table_rows(report), [*head, table(titles, cells)])
+    emit(args, plot_labels(report, args.out), table_rows(report), [*head, table(titles, cells)])
     return EXIT_OK
 
 

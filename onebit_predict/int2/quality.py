@@ -52,22 +52,18 @@ from typing import Any, TypeVar
 from ..atomic import atomic_path
 from ..constants import ENV_COMPENSATOR
 from ..grow.grow import sha256_file
+from .texts import OUTSIDE, TEXTS, Text, check_corpus, corpus_text
 from .variants import (
     BATCH,
     COMPENSATOR_LOADED,
     CTX,
     HELDOUT_TOKENS,
-    OUTSIDE,
-    TEXTS,
     VARIANTS,
     Int2Error,
     Made,
     Store,
-    Text,
     ToolFailed,
     ToolRun,
-    check_corpus,
-    corpus_text,
     read_manifest,
     recipe_key,
     run_tool,
