@@ -20,6 +20,7 @@ No module outside this package imports argparse.
 - ``grow``: ``onebit-grow``: grown models, widened, quantized, verified;
 - ``learned``: ``onebit-learned``: which model a learned-predictor sidecar names;
 - ``int2``: ``onebit-int2``: 2-bit expert variants of a model and their quality against F16;
+- ``int2_out``: how onebit-int2 prints its reports: labels, rows, the text tables;
 - ``compensator``: ``onebit-compensator``: fit and show the 2-bit experts' compensator sidecar;
 - ``vocab``: ``python -m onebit_predict.commands.vocab``: give a byte-level GGUF its vocabulary.
 """
