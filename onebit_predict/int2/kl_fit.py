@@ -187,10 +187,10 @@ class KlFit:
     seconds: float
 
 
-def _targets(full: Path, wins: Sequence[np.ndarray], threads: int) -> np.ndarray:
-    """F16's log-probabilities (n, T, n_vocab) float32, from llama.cpp."""
+def _targets(full: Path, sets: Sequence[Sequence[np.ndarray]], threads: int) -> list[np.ndarray]:
+    """F16's log-probabilities (n, T, n_vocab) float32 of each set of windows, from llama.cpp (one load)."""
     with Capturer(full, threads) as cap:
-        return np.stack([cap.logprobs(w).astype(np.float32) for w in wins])
+        return [np.stack([cap.logprobs(w).astype(np.float32) for w in wins]) for wins in sets]
 
 
 def fit(
@@ -222,8 +222,7 @@ def fit(
     train, val = corpus_streams()
     train_w, held_w = windows(train, train_windows), windows(val, heldout_windows)
     log(f"F16 targets: {len(train_w)} training and {len(held_w)} held-out windows through llama.cpp")
-    tgt_train = torch.from_numpy(_targets(full, train_w, threads))
-    tgt_held = torch.from_numpy(_targets(full, held_w, threads))
+    tgt_train, tgt_held = (torch.from_numpy(t) for t in _targets(full, [train_w, held_w], threads))
     x_train = torch.from_numpy(np.stack(train_w).astype(np.int64))
     x_held = torch.from_numpy(np.stack(held_w).astype(np.int64))
     params = []
@@ -261,14 +260,13 @@ def fit(
         opt.zero_grad()
         loss.backward()
         opt.step()
-        held = None
+        batch_kl, held = float(loss.detach()), None
         if step % EVAL_EVERY == 0 or step == steps:
             held = heldout()
             if held < best:
                 best, best_step, best_params = held, step, [p.detach().clone() for p in flat]
-            batch_kl = float(loss.detach())
             log(f"step {step}: batch KL {batch_kl:.5f}, held-out {held:.5f} (best {best:.5f} at {best_step})")
-        history.append(FitStep(step, float(loss.detach()), held))
+        history.append(FitStep(step, batch_kl, held))
     layers = {
         li: CompensatorLayer(
             down=np.ascontiguousarray(best_params[2 * li].numpy(), np.float32),

@@ -1,7 +1,7 @@
 """The quality of each variant against the F16 model on held-out text, as ``llama-perplexity`` measures it.
 
 Held-out text: the first :data:`~.variants.HELDOUT_TOKENS` tokens of the corpus's validation split
-(variants.corpus_text), cut into windows of 256 tokens (``-c 256``: the models were trained on
+(texts.corpus_text), cut into windows of 256 tokens (``-c 256``: the models were trained on
 256-token windows). llama-perplexity scores the second half of each window (tokens 128..254
 predicting 129..255: 127 per window). Two runs:
 
@@ -30,7 +30,7 @@ KL_2bit * 100``: how much of the variant's mean KLD the compensator takes back; 
 seed's unit, ``(PPL_2bit - PPL_comp) / (PPL_2bit - PPL_F16) * 100``: how much of the perplexity gap
 to F16 it closes (both on the same scored tokens).
 
-Texts: ``val``, the corpus's validation split; ``outside`` (variants.OUTSIDE), llama-cpp-python's
+Texts: ``val``, the corpus's validation split; ``outside`` (texts.OUTSIDE), llama-cpp-python's
 own Python sources, a second held-out text from outside the training corpus.
 
 Results are cached beside the variants (``kl-<key>.json``), keyed by the model's and the
