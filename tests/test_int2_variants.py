@@ -354,6 +354,25 @@ def test_cli_usage_errors(run_cli, tmp_path):
     assert rc == 2 and "invalid choice: 'train'" in err
 
 
+@pytest.mark.parametrize("text", ["val", "outside"])
+def test_agreement_scores_the_text_asked_for(run_cli, tmp_path, monkeypatch, text):
+    """--text reaches agreement's routing and greedy runs, and its report names that text."""
+    import onebit_predict.commands.int2 as C
+
+    seen = []
+
+    def compare(store, tokens, pairs, *args):
+        seen.append(list(tokens))
+        return [], []
+
+    monkeypatch.setattr(C, "compare", compare)
+    argv = ["agreement", H256, "--types", "f16", "--text", text, "--heldout-tokens", "1024", "--json"]
+    rc, out, err = run_cli(int2_main, *argv, "--cache-dir", tmp_path / "cache")
+    assert rc == 0, err
+    want = corpus_text(text, 1024, tmp_path / "cache" / "int2-root")
+    assert json.loads(out)["text"]["split"] == text and seen == [want.tokens()]
+
+
 # --- expert rows that the type's blocks do not divide: refused before any work --------------------------------
 
 TINY = REPO / "models" / "qwen3moe-tiny.gguf"  # 64-wide expert rows: q8_0's blocks of 32 divide them, QK_K's not

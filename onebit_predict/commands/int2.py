@@ -9,9 +9,9 @@
   a compensated row the share of the variant's KLD it recovers and of its perplexity gap to F16 (the
   seed's unit); ``--text outside`` scores llama-cpp-python's own sources, a held-out text from
   outside the training corpus, instead of the validation split;
-- ``agreement MODEL [--types LIST] [--compensator VARIANT=FILE ...]``: per layer, the share of
-  held-out tokens routed to F16's expert set; and where greedy generation first departs from F16's
-  (int2/agreement.py);
+- ``agreement MODEL [--types LIST] [--compensator VARIANT=FILE ...] [--text val|outside]``: per
+  layer, the share of held-out tokens routed to F16's expert set; and where greedy generation first
+  departs from F16's (int2/agreement.py);
 - ``blame MODEL [--types LIST] [--compensator VARIANT=FILE ...]``: where each row's KL against F16
   lives (int2/blame.py): per layer, the KL removed by putting F16's MoE output in that layer (through
   the capture), the share of tokens whose routing flipped there and the KL of flipped against kept
@@ -201,7 +201,7 @@ def _quality(args: argparse.Namespace, store: Store) -> int:
 
 
 def _agreement(args: argparse.Namespace, store: Store) -> int:
-    text = corpus_text("val", args.heldout_tokens, store.root)
+    text = corpus_text(args.text, args.heldout_tokens, store.root)
     names = [n for n in VARIANTS if n == "f16" or n in args.types]
     pairs = [(n, None) for n in names] + list(args.compensator)
     found, plist = compare(store, text.tokens(), pairs, args.prompts, args.prompt_tokens, args.generate)

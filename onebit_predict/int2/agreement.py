@@ -1,7 +1,7 @@
 """Does a variant route and generate as the F16 model does? Routing agreement per layer, greedy divergence.
 
-Both run in this process through the patched libllama (llama/runner.py), on the held-out text of
-quality.py (variants.corpus_text, validation split):
+Both run in this process through the patched libllama (llama/runner.py), on a held-out text of
+quality.py's (texts.corpus_text: the validation split, or ``--text outside``):
 
 - **routing**: the text's whole 256-token windows, each prefilled as one batch (one ubatch: the
   trace's ``step`` is the window) in a fresh sequence, every row's logits asked for (so the last
