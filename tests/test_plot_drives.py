@@ -316,15 +316,17 @@ def test_the_split_goes_to_the_cells_the_table_and_the_json(capsys, tmp_path):
     assert "Per decoded token" in blocks["nvme"] and "Per decoded token" not in blocks["sata"]
     lines = [x for x in blocks["nvme"].split("Per decoded token")[1].splitlines() if x.startswith("|")]
     body = {r[0]: r[1:] for r in ([c.strip() for c in x.strip("|").split("|")] for x in lines[2:])}
-    assert body["route"][4:8] == ["20.0", "80.0", "40.0", "60.0"]  # 50 %: 10 tok/s, 100 ms: 20 + 80
-    assert body["patched off"][7] == "-"  # no route time: no expert hit rate
+    # 50 %: 10 tok/s, 100 ms: 20 + 80; 20 % of the physical limit (50 tok/s); no replay: no retention limit
+    assert body["route"][6:12] == ["20.0", "80.0", "40.0", "60.0", "20", "-"]
+    assert body["patched off"][9] == "-"  # no route time: no expert hit rate
     limit = next(v for k, v in body.items() if k.startswith("**physical limit**"))
-    assert limit[4] == "20.0"  # nvme at 50 %: compute-bound, 1 / 50 tok/s
+    assert limit[6] == "20.0"  # nvme at 50 %: compute-bound, 1 / 50 tok/s
     rc, out, _ = run(capsys, rep, "--json")
     rows = json.loads(out)["rows"]
     r = next(x for x in rows if x["drive"] == "nvme" and x["limit"] == "50 %" and x["configuration"] == "route")
     assert (r["decode_compute_ms"], r["decode_wait_ms"], r["decode_expert_hit"]) == (20.0, 80.0, 0.6)
     assert r["decode_request_kib_mean"] is None and r["belady_floor_mib_per_token"] is None
+    assert r["of_physical_limit"] == pytest.approx(10.0 / 50.0) and r["of_retention_limit"] is None
     assert all(x["decode_compute_ms"] is None for x in rows if x["drive"] == "sata")
     rc, out, _ = run(capsys, rep, "--csv")
     assert rc == EXIT_OK and "decode_wait_ms" in out.splitlines()[0]
@@ -355,6 +357,13 @@ def test_a_belady_replay_gives_the_retention_aware_limit(capsys, tmp_path, caplo
     r = next(x for x in json.loads(out)["rows"] if x["drive"] == "sata" and x["limit"] == "50 %")
     assert r["belady_floor_mib_per_token"] == pytest.approx(50.0)
     assert r["retention_limit_tok_s"] == pytest.approx(5.6e8 / (50 * MIB))
+    assert r["of_retention_limit"] == pytest.approx(r["median_tok_s"] / r["retention_limit_tok_s"])
+    route = next(
+        x
+        for x in json.loads(out)["rows"]
+        if x["drive"] == "nvme" and x["limit"] == "50 %" and x["configuration"] == "route"
+    )
+    assert route["of_retention_limit"] == pytest.approx(10.0 / 50.0)  # 10 tok/s against Belady's 50
     # no result at the cell's capacity: no limit, and a warning naming the slots to replay
     other = replay_json(tmp_path / "o.json", [("belady", 2, [1.0, 1.0])])
     cells = with_belady(drive_cells([load_measured(rep)]), [load_replay(other)])
@@ -419,3 +428,53 @@ def test_png_dir_draws_the_split_only_where_a_report_has_it(capsys, tmp_path):
     assert rc == EXIT_OK, err
     assert "Per decoded token" not in out and "retention-aware" not in out
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["nvme.png"]
+
+
+def test_a_drive_without_its_resident_run_takes_the_natives_compute(capsys, tmp_path):
+    """A resident run reads nothing: an emulated drive's cell without one of its own takes the native drive's
+    resident patched off (and says so), and a drive with its own keeps it."""
+    rows = [r for r in matrix_rows() if not (r["limit_bytes"] == 0 and r["config"]["drive"] == "nvme")]
+    for r in rows:
+        if r["limit_bytes"] == 0 and r["config"]["drive"] == "native" and r["config"]["route"] is False:
+            r["median_tok_s"] = 40.0
+    rep = report(tmp_path / "m.json", rows)
+    cells = drive_cells([load_measured(rep)])
+    nvme, sata = cell(cells, "nvme", HALF), cell(cells, "sata", HALF)
+    assert nvme.compute_s == pytest.approx(1 / 40.0) and nvme.compute_drive == "native"
+    assert sata.compute_s == pytest.approx(1 / 50.0) and sata.compute_drive == "sata"
+    rc, out, _ = run(capsys, rep)
+    assert rc == EXIT_OK and "(resident patched off 40.00 tok/s on native)" in out
+
+
+def test_no_floor_where_the_room_rule_held_routes_reads_off(tmp_path):
+    """Route time held off by the room rule counts no misses (its decode has no expert hit rate): its 0 is no
+    floor, and the cell's physical limit is unknown, not the compute's; a resident cell's 0 stays its floor."""
+    rows = split_rows(drives=("nvme",))
+    for r in rows:
+        if r["config"]["route"] and r["config"]["guard"] is None:
+            r["route_missing_per_token"] = 0.0
+            r["decode"]["expert_hit"] = None
+    cells = drive_cells([load_measured(report(tmp_path / "s.json", rows, drives=("nvme",)))])
+    half, resident = cell(cells, "nvme", HALF), cell(cells, "nvme", 0)
+    assert half.floor_bytes is None and half.physical_limit_tok_s is None
+    assert half.of_physical(half.row("route")) is None
+    assert resident.floor_bytes == 0.0 and resident.physical_limit_tok_s == pytest.approx(50.0)
+
+
+def test_the_committed_limits_are_plot_drives_output(capsys, monkeypatch):
+    """docs/measured/read-path-limits.json (results.md, "The fraction of both limits") is what plot-drives
+    prints for the reports and the replay it names, here too: the models' files are not here, so each
+    model's expert size is the one the file recorded (the GGUF's, where it was made)."""
+    measured = Path(__file__).resolve().parent.parent / "docs" / "measured"
+    saved = json.loads((measured / "read-path-limits.json").read_text())
+    each = {r["model"]: r["expert_bytes_each"] for r in saved["rows"]}
+    monkeypatch.setattr("onebit_predict.costmodel.expert_bytes.mean_expert_bytes", lambda model: each[str(model)])
+    monkeypatch.chdir(measured)
+    rc, out, _ = run(capsys, *saved["reports"], "--replay", "replay-belady-w21504.json", "--json")
+    assert rc == EXIT_OK
+    rows = json.loads(out)["rows"]
+    assert len(rows) == len(saved["rows"]) >= 30
+    for got, want in zip(rows, saved["rows"]):
+        assert got.keys() == want.keys()
+        for k, v in want.items():
+            assert got[k] == (pytest.approx(v) if isinstance(v, float) else v), (want["configuration"], k)

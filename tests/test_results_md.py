@@ -7,6 +7,8 @@ itself, and every cell of such a table is the report's figure at the precision t
 prints. A figure edited in the docs and not in the report (or the other way round) fails here;
 so does a measured table with no report, unless it sits in a section listed in UNREPORTED (a
 run from before the reports were kept), and a column this test cannot map to a report's field.
+A table whose report is an ``onebit-stats plot-drives --json`` (the limits' fractions) is checked
+the same way, its rows keyed by drive, expert size, limit and configuration (LIMITS_COLUMNS).
 Every ``results.md#anchor`` of README.md and docs/*.md, and every ``#anchor`` of results.md
 itself, names one of its headings.
 """
@@ -148,6 +150,49 @@ PREFILL_COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
 }  # fmt: skip
 
 
+# a table of the limits' fractions shows an ``onebit-stats plot-drives --json`` (its rows: one per cell and
+# configuration, costmodel/drive_cells.py flat_rows), keyed by its cell and configuration
+LIMITS_KEYS = {"drive": "drive", "expert size": "expert_size", "limit": "limit", "configuration": "configuration"}
+LIMITS_COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
+    "tok/s": (row_field("median_tok_s"), ""),
+    "floor MiB/token": (row_field("floor_mib_per_token"), ""),
+    "Belady floor MiB/token": (row_field("belady_floor_mib_per_token"), ""),
+    "physical limit tok/s": (row_field("physical_limit_tok_s"), ""),
+    "% of physical": (fraction("of_physical_limit"), ""),
+    "retention-aware limit tok/s": (row_field("retention_limit_tok_s"), ""),
+    "% of retention": (fraction("of_retention_limit"), ""),
+}
+
+
+def is_limits(report: dict) -> bool:
+    """A plot-drives --json (the limits' fractions), not a bench report."""
+    return "reports" in report and all("of_physical_limit" in r for r in report["rows"])
+
+
+def limits_mismatches(table: Table, report: dict) -> list[str]:
+    """Each cell of a limits table that is not the plot-drives row's figure."""
+    unknown = [c for c in table.columns if c not in LIMITS_COLUMNS and c not in LIMITS_KEYS]
+    if unknown or not set(LIMITS_KEYS) <= set(table.columns):
+        return [f"line {table.line}: columns {unknown} map to no plot-drives field (or a key column is missing)"]
+    index = {tuple(r[f] for f in LIMITS_KEYS.values()): r for r in report["rows"]}
+    out = [] if table.rows else [f"line {table.line}: a limits table without rows"]
+    for n, row in enumerate(table.rows):
+        line = table.line + 2 + n
+        cell = dict(zip(table.columns, row))
+        key = tuple(cell[c] for c in LIMITS_KEYS)
+        if len(row) != len(table.columns) or key not in index:
+            out.append(f"line {line}: {key} is no row of the plot-drives report")
+            continue
+        for column, shown in cell.items():
+            if column in LIMITS_KEYS:
+                continue
+            figure, unit = LIMITS_COLUMNS[column]
+            want = expected(figure(index[key]), shown, unit)
+            if shown != want:
+                out.append(f"line {line}: {key}, {column}: docs {shown}, report {want}")
+    return out
+
+
 def limit_label(limit_bytes: int) -> str:
     """As onebit-bench --memory-limit prints it (checks/bench_memory.py): 0 is resident."""
     return "resident" if limit_bytes == 0 else f"{limit_bytes / MIB:.0f}"
@@ -227,7 +272,8 @@ def check(text: str) -> list[str]:
         if not path.is_file():
             problems.append(f"line {t.line}: {path.relative_to(REPO)} does not exist")
             continue
-        problems += mismatches(t, json.loads(path.read_text()))
+        report = json.loads(path.read_text())
+        problems += limits_mismatches(t, report) if is_limits(report) else mismatches(t, report)
     return problems
 
 
@@ -252,6 +298,8 @@ def test_the_checked_tables_are_there() -> None:
     found = measured_tables(RESULTS.read_text())
     checked = {r for t in found for r in t.reports}
     assert {"bench-qwen3moe-tiny.json", "cold-qwen3moe-tiny.json", "memory-room-w21504-q4_k_m.json"} <= checked
+    limits = [t for t in found if t.reports == ["read-path-limits.json"]]  # the plot-drives one
+    assert len(limits) == 1 and len(limits[0].rows) >= 30
     assert sum(len(t.rows) for t in found if t.reports) >= 100
     assert [t.heading for t in found if not t.reports] == sorted(UNREPORTED)
 

@@ -13,7 +13,8 @@ of the ratio to off per configuration, one bar per cell, lines at 1.0 and 0.98 (
 optional ``plot`` extra: exit 2 when it is missing). Where a drive's rows record where their tokens'
 time went (reports since issue 30: each row's ``decode``), a second PNG (``nvme-time.png``) stacks
 each row's compute under its waiting, ms per token, beside each cell's physical limit and its
-retention-aware limit, and the table gets a block of them; older reports draw and print as before.
+retention-aware limit, and the table gets a block of them, with each row's decode tok/s as a share
+of both limits (``% of physical``, ``% of retention``); older reports draw and print as before.
 ``--json`` and ``--csv`` write the flat rows (one per cell and configuration, the cell's fields
 repeated, the row's ``decode_*``) instead of the table.
 
@@ -88,6 +89,7 @@ def _limit_note(c: Cell) -> str:
     compute = "compute unknown (no resident patched off)"
     if c.compute_s is not None:
         other = "" if c.compute_read_ahead_kb == c.read_ahead_kb else f" at read_ahead_kb {c.compute_read_ahead_kb}"
+        other += "" if c.compute_drive == c.drive else f" on {c.compute_drive}"
         compute = f"compute {1e3 * c.compute_s:.1f} ms (resident patched off {1 / c.compute_s:.2f} tok/s{other})"
     drive = "floor / bandwidth unknown"
     if c.drive_s is not None:
@@ -148,7 +150,7 @@ def _limit_cols(tok_s: float | None, c: Cell) -> list[str]:
 def _split_table(cells: list[Cell], names: list[str]) -> list[str]:
     """Where each row's tokens' time went: compute and waiting ms per token per cell, the requests and the
     expert-level hit rate; a limit as ms per token under them."""
-    split_fields = ("compute ms", "wait ms", "requests/token", "expert hit %")
+    split_fields = ("compute ms", "wait ms", "requests/token", "expert hit %", "% of physical", "% of retention")
     head = ["configuration"] + [f"{c.label}: {f}" for c in cells for f in split_fields]
     lines = ["Per decoded token (compute: the decoding thread's CPU; wait: off CPU):", ""]
     lines += ["| " + " | ".join(head) + " |", "|---" + "|---:" * (len(head) - 1) + "|"]
@@ -162,15 +164,20 @@ def _split_table(cells: list[Cell], names: list[str]) -> list[str]:
                 continue
             hit = None if d.expert_hit is None else 100 * d.expert_hit
             cols += [fmt(d.compute_ms, ".1f"), fmt(d.wait_ms, ".1f"), fmt(d.requests, ".1f"), fmt(hit, ".1f")]
+            cols += [_percent(c.of_physical(r)), _percent(c.of_retention(r))]
         lines.append("| " + " | ".join(cols) + " |")
     for what, attr in (("physical limit", "physical_limit_tok_s"), ("retention-aware limit", "retention_limit_tok_s")):
         ms = [_ms(getattr(c, attr)) for c in cells]
         if any(m is not None for m in ms):
             cols = [f"**{what}**: ms/token"]
             for m in ms:
-                cols += [fmt(m, ".1f"), "", "", ""]
+                cols += [fmt(m, ".1f")] + [""] * (len(split_fields) - 1)
             lines.append("| " + " | ".join(cols) + " |")
     return lines
+
+
+def _percent(share: float | None) -> str:
+    return fmt(None if share is None else 100 * share, ".0f")
 
 
 def _ms(tok_s: float | None) -> float | None:

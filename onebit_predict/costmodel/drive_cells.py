@@ -12,15 +12,16 @@ into **cells**: one drive (its label: the drive and, where it ran at several, it
   min and max over off's median too: the plot's error bars);
 - its MiB read per token, and that over the cell's **floor**: the route-alone row's (route at
   route time, no predictor) ``route_missing_per_token``, the bytes per token the routed experts
-  lacked in the page cache when routed: what any reader must bring in per token at this limit;
+  lacked in the page cache when routed: what any reader must bring in per token at this limit (none
+  where the room rule held route's reads off in that row: it measured nothing, :func:`route_floor`);
 - **gain from** (:func:`gain_from`): for a row at least 5 % faster than off (GAIN_MIN), "fewer
   bytes" when it read at most 0.9x off's MiB per token (FEWER_BYTES), else "reads in flight (same
   bytes)"; "-" otherwise, and where off read nothing (a resident cell: no bytes to save).
 
 The cell's **physical limit** (:func:`physical_limit`) is ``1 / max(compute_s, floor / bandwidth)``
 tok/s: compute_s is 1 / the resident "patched off" tok/s of the same model on the same drive (at
-the same readahead, else at any: a resident run reads nothing) in any of the reports, None where
-none has it (then the limit is None); bandwidth is the emulated drive's profile's (bytes/s) or the
+the same readahead, else at any, else on another drive: a resident run reads nothing) in any of the
+reports, None where none has it (then the limit is None); bandwidth is the emulated drive's profile's (bytes/s) or the
 native drive's measured one (the report's ``drive.bandwidth_mb_s``, or its samples' median).
 
 Where a row's tokens' time went (:attr:`CellRow.decode`, the report row's ``decode``: compute and
@@ -33,7 +34,9 @@ experts: 64 slots per layer), its expert reads per token summed over the layers 
 bytes (the cell's; else the report's expert bytes over the replay's layers and experts). The
 cgroup's limit holds more than experts, so the capacity is an upper bound, and the replay starts
 empty at the first decoded token (the prompt's reads are not counted, as in the measured rows):
-replay a trace of the reports' own tokens (grown models route as the model they grew from).
+replay a trace of the reports' own tokens (grown models route as the model they grew from). Each
+row's decode tok/s over each limit (:meth:`Cell.of_physical`, :meth:`Cell.of_retention`) says how
+far from it the row is: 0.41 is 41 % of the way.
 
 The expert size is one expert's mean bytes over the layers, from the report's model file
 (costmodel/expert_bytes.py, the GGUF's expert tensors) where it is readable here; else the file
@@ -125,6 +128,7 @@ class Cell:
     floor_bytes: float | None  # the route-alone row's route_missing_per_token (None: no such row)
     compute_s: float | None  # 1 / the resident patched off tok/s of the model on this drive (None: not run)
     compute_read_ahead_kb: int | None  # the readahead that resident run had (another's where this one has none)
+    compute_drive: str | None  # the drive it ran on (another where this one has none: a resident run reads nothing)
     off_tok_s: float | None  # this cell's patched off median
     rows: tuple[CellRow, ...]
     report: Path
@@ -179,6 +183,19 @@ class Cell:
 
     def row(self, configuration: str) -> CellRow | None:
         return next((r for r in self.rows if r.configuration == configuration), None)
+
+    def of_physical(self, row: CellRow) -> float | None:
+        """The row's decode tok/s over the cell's physical limit (None: no limit)."""
+        return of_limit(row.tok_s, self.physical_limit_tok_s)
+
+    def of_retention(self, row: CellRow) -> float | None:
+        """The row's decode tok/s over the cell's retention-aware limit (None: no limit)."""
+        return of_limit(row.tok_s, self.retention_limit_tok_s)
+
+
+def of_limit(tok_s: float, limit_tok_s: float | None) -> float | None:
+    """A speed as a fraction of a limit (None: the limit is unknown)."""
+    return None if not limit_tok_s else tok_s / limit_tok_s
 
 
 def physical_limit(compute_s: float | None, floor_bytes: float | None, bandwidth: float | None) -> float | None:
@@ -237,15 +254,20 @@ def _labels(keys: set[tuple[str, int | None]]) -> dict[tuple[str, int | None], s
     return out
 
 
-def _compute_s(reports: Sequence[Measured]) -> dict[tuple[str, str, int | None], tuple[float, int | None]]:
-    """(1 / the resident patched off tok/s, its readahead) per (model, drive, readahead), first report
-    first; the key with readahead None holds the drive's at any readahead."""
-    out: dict[tuple[str, str, int | None], tuple[float, int | None]] = {}
+Compute = tuple[float | None, int | None, str | None]  # 1 / resident off tok/s, its readahead, its drive
+
+
+def _compute_s(reports: Sequence[Measured]) -> dict[tuple[str, str | None, int | None], Compute]:
+    """(1 / the resident patched off tok/s, its readahead, its drive) per (model, drive, readahead), first
+    report first; the key with readahead None holds the drive's at any readahead, the key with drive None
+    too the model's on any drive (native first: a resident run reads nothing, whatever the drive)."""
+    out: dict[tuple[str, str | None, int | None], Compute] = {}
     for rep in reports:
-        for r in rep.rows:
+        for r in sorted(rep.rows, key=lambda r: r.drive != NATIVE):
             if r.resident and r.drive is not None and _is_off(r) and r.tok_s > 0:
-                out.setdefault((rep.model, r.drive, r.read_ahead_kb), (1.0 / r.tok_s, r.read_ahead_kb))
-                out.setdefault((rep.model, r.drive, None), (1.0 / r.tok_s, r.read_ahead_kb))
+                got = (1.0 / r.tok_s, r.read_ahead_kb, r.drive)
+                for key in ((rep.model, r.drive, r.read_ahead_kb), (rep.model, r.drive, None), (rep.model, None, None)):
+                    out.setdefault(key, got)
     return out
 
 
@@ -276,7 +298,8 @@ def drive_cells(reports: Sequence[Measured]) -> list[Cell]:
             emulated = drive != NATIVE
             profile = rep.drive(drive) if emulated else None
             bandwidth = profile.bandwidth if profile is not None else (None if emulated else rep.bandwidth)
-            cs = compute.get((rep.model, drive, ra), compute.get((rep.model, drive, None), (None, None)))
+            keys = ((rep.model, drive, ra), (rep.model, drive, None), (rep.model, None, None))
+            cs = next((compute[k] for k in keys if k in compute), (None, None, None))
             cells[key] = _cell(labels[(drive, ra)], drive, ra, emulated, size, limit, bandwidth, cs, rows, rep.path)
     order = {"native": 0}
     drives = list(dict.fromkeys(c.drive for c in cells.values()))
@@ -301,13 +324,12 @@ def _cell(
     size: ExpertSize,
     limit: int,
     bandwidth: float | None,
-    compute: tuple[float | None, int | None],
+    compute: Compute,
     rows: list[MeasuredRow],
     report: Path,
 ) -> Cell:
     off = next((r for r in rows if _is_off(r)), None)
-    route = route_alone(rows)
-    floor = None if route is None else route.route_missing_per_token
+    floor = route_floor(route_alone(rows), limit)
     out: list[CellRow] = []
     seen: set[str] = set()
     for r in rows:
@@ -338,10 +360,33 @@ def _cell(
             )
         )
     off_tok_s = None if off is None else off.tok_s
-    compute_s, compute_ra = compute
+    compute_s, compute_ra, compute_drive = compute
     return Cell(
-        label, drive, ra, emulated, size, limit, bandwidth, floor, compute_s, compute_ra, off_tok_s, tuple(out), report
+        label,
+        drive,
+        ra,
+        emulated,
+        size,
+        limit,
+        bandwidth,
+        floor,
+        compute_s,
+        compute_ra,
+        compute_drive,
+        off_tok_s,
+        tuple(out),
+        report,
     )
+
+
+def route_floor(route: MeasuredRow | None, limit: int) -> float | None:
+    """The route-alone row's routed bytes missing per token; None without that row, and in a limited cell
+    where route time measured nothing (its rows' decode says so: no expert hit rate, the room rule held
+    its reads off), not 0 (0 is a resident cell's floor: nothing to miss)."""
+    if route is None:
+        return None
+    held_off = limit != 0 and route.decode is not None and route.decode.expert_hit is None
+    return None if held_off else route.route_missing_per_token
 
 
 def by_drive(cells: Sequence[Cell]) -> dict[str, list[Cell]]:
@@ -390,10 +435,13 @@ def flat_rows(cells: Sequence[Cell]) -> list[dict[str, object]]:
                     "route_missing_mib_per_token": r.route_missing_mib_per_token,
                     "compute_s": c.compute_s,
                     "compute_read_ahead_kb": c.compute_read_ahead_kb,
+                    "compute_drive": c.compute_drive,
                     "bandwidth_bytes_s": c.bandwidth,
                     "physical_limit_tok_s": c.physical_limit_tok_s,
                     "belady_floor_mib_per_token": None if c.belady_floor_bytes is None else c.belady_floor_bytes / MIB,
                     "retention_limit_tok_s": c.retention_limit_tok_s,
+                    "of_physical_limit": c.of_physical(r),
+                    "of_retention_limit": c.of_retention(r),
                     **{f"decode_{f.name}": None if r.decode is None else getattr(r.decode, f.name) for f in _DECODE},
                     "report": str(c.report),
                 }
