@@ -70,6 +70,7 @@ def test_identical_and_predicted(arch, tiny_model, capsys):
         "prefill+decode 1 thread",
         "two sequences",
         "save+restore",
+        "prompt in ubatches of 64",
     }
     for r in report["results"]:
         assert r["mismatch"] is None and r["problem"] is None
@@ -87,17 +88,18 @@ def test_trained_models_identical(name, capsys):
     rc = bitident_main([str(model), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == EXIT_OK, [r for r in report["results"] if not r["ok"]]
-    assert len(report["results"]) == 5 * len(MODES)  # every scenario, every default mode
+    assert len(report["results"]) == 6 * len(MODES)  # every scenario, every default mode
     assert {r["ran"] for r in report["results"]} == set(MODES)  # each at the distance asked for
 
 
 @pytest.mark.parametrize("arch", TINY_ARCHS)
 def test_leaky_block_is_caught(arch, tiny_model, capsys):
-    rc = bitident_main([str(tiny_model(arch)), "--debug-leak", "--scenarios", "prefill+decode,save+restore", "--json"])
+    scenarios = ("prefill+decode", "save+restore", "prompt in ubatches of 64")
+    rc = bitident_main([str(tiny_model(arch)), "--debug-leak", "--scenarios", ",".join(scenarios), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == EXIT_CHECK_FAILED
     by_mode = {(r["scenario"], r["mode"]): r for r in report["results"]}
-    for scenario in ("prefill+decode", "save+restore"):
+    for scenario in scenarios:
         assert by_mode[(scenario, "block")]["mismatch"] is not None  # the leak changed the bytes
         assert by_mode[(scenario, "router")]["mismatch"] is None  # the switch only touches block
 

@@ -11,7 +11,8 @@ reads (ONEBIT_MOE_PREFETCH_WAIT=1, not with advise), ``+lru`` the LRU over whole
 (ONEBIT_MOE_PREFETCH_KEEP=lru) held to n_expert_used + 2 experts so that it evicts on a resident
 model), in several scenarios
 (multi-ubatch prefill then single-token decode; two sequences in one batch; a state save and
-restore in the middle; flash attention on and off; 1 and 2 threads), and compares every logits
+restore in the middle; flash attention on and off; 1 and 2 threads; a 128-token prompt in ubatches
+of 64, where a ubatch routes nearly every expert), and compares every logits
 row as bytes, never with a tolerance. A predictor run passes only if it also predicted: its
 trace must hold a PREDICTED record for every routed row of every predicted layer, each at the
 distance asked for, so a check that silently predicted nothing, or predicted one layer ahead
@@ -87,6 +88,7 @@ QUALIFIERS = ("exact", "wait", "lru")  # route time's qualifiers, after +route, 
 KEEP_CAP_EXTRA = 2  # +lru holds n_expert_used + this many experts (ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP): it evicts
 N_PREFILL = 24
 N_DECODE = 16
+N_PROMPT_BIG = 128  # the big-prompt scenario's prompt: two ubatches of 64, which route nearly every expert
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("prefill+decode 1 thread", ContextSettings(n_ubatch=8, n_threads=1, flash_attn=False), "decode"),
     Scenario("two sequences", ContextSettings(n_ubatch=8, n_threads=2, n_seq_max=2), "two-seqs"),
     Scenario("save+restore", ContextSettings(n_ubatch=8, n_threads=2), "save-restore"),
+    Scenario("prompt in ubatches of 64", ContextSettings(n_batch=N_PROMPT_BIG, n_ubatch=64, n_threads=2), "big-prompt"),
 )
 
 
@@ -152,6 +155,13 @@ def _feed_decode(ctx: Context, out: RunOutput, toks: list[int]) -> None:
         _decode(ctx, out, [toks[N_PREFILL + i]], [N_PREFILL + i], [0])
 
 
+def _feed_big_prompt(ctx: Context, out: RunOutput, toks: list[int]) -> None:
+    # a prompt's batch as prefill sees it: route time's reads (and the LRU's) for a ubatch's union of experts
+    _decode(ctx, out, toks[:N_PROMPT_BIG], range(N_PROMPT_BIG), [0] * N_PROMPT_BIG)
+    for i in range(N_DECODE):
+        _decode(ctx, out, [toks[N_PROMPT_BIG + i]], [N_PROMPT_BIG + i], [0])
+
+
 def _feed_two_seqs(ctx: Context, out: RunOutput, toks: list[int]) -> None:
     # both prompts in one batch, interleaved, then both sequences step together
     a, b = toks[:N_PREFILL], toks[N_PREFILL : 2 * N_PREFILL]
@@ -182,6 +192,7 @@ FEEDS: dict[str, Callable[[Context, RunOutput, list[int]], None]] = {
     "decode": _feed_decode,
     "two-seqs": _feed_two_seqs,
     "save-restore": _feed_save_restore,
+    "big-prompt": _feed_big_prompt,
 }
 
 
@@ -341,7 +352,7 @@ def run_once(
     LRU held to n_expert_used + KEEP_CAP_EXTRA experts, recorded in the output's keep_cap)."""
     keep_cap = n_expert_used(model.path) + KEEP_CAP_EXTRA if parse_mode(mode).lru else None
     env = run_env(mode, trace, leak, learned, keep_cap)
-    toks = builtin_tokens(2 * N_PREFILL + 2 * N_DECODE, model.n_vocab, seed)
+    toks = builtin_tokens(max(2 * N_PREFILL, N_PROMPT_BIG) + 2 * N_DECODE, model.n_vocab, seed)
     out = RunOutput(keep_cap=keep_cap)
     with Context(model, scenario.settings, env) as ctx:
         FEEDS[scenario.feed](ctx, out, toks)
