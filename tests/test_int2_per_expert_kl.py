@@ -12,7 +12,9 @@ numpy, scored end to end through the capture's hook) and every layer's map fitte
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +23,8 @@ from onebit_predict.commands.int2 import main as int2_main
 from onebit_predict.int2 import kl_fit as K
 from onebit_predict.int2 import per_expert as P
 from onebit_predict.int2.capture import Capturer, corpus_streams, windows
-from onebit_predict.int2.variants import Store
+from onebit_predict.int2.texts import corpus_text
+from onebit_predict.int2.variants import HELDOUT_TOKENS, Store
 
 REPO = Path(__file__).resolve().parent.parent
 H256 = REPO / "models" / "qwen3moe-h256.gguf"
@@ -40,10 +43,42 @@ def test_a_map_per_expert(q2):
     assert sorted({li for li, _ in pe.maps}) == [0, 1, 2, 3] and pe.values() == len(pe.maps) * 2 * 16 * 256
     plain, row = P.score(H256, q2, fits, heldout_windows=2)
     assert (plain.name, plain.values, plain.energy_removed) == ("plain", 0, {})
+    _, val = corpus_streams()  # the default held-out stream is the validation split; another stream, other windows
+    assert [r.kl_mean for r in P.score(H256, q2, fits, heldout_windows=2, heldout=val.tolist())] == [
+        plain.kl_mean,
+        row.kl_mean,
+    ]
+    assert P.score(H256, q2, {}, heldout_windows=2, heldout=val[::-1].tolist())[0].kl_mean != plain.kl_mean
     assert row.name == "per-expert input" and row.rank == 16 and row.kl_mean != plain.kl_mean
     assert row.energy_removed[0] > 0.3, row.energy_removed  # layer 0: the easiest, as the per-layer map's 98 %
     with pytest.raises(ValueError, match="per-expert source 'middle'"):
         P.fit(H256, q2, [16], "middle", train_windows=2)
+
+
+@pytest.mark.parametrize("text", ["val", "outside"])
+def test_per_expert_scores_the_text_asked_for(run_cli, tmp_path, monkeypatch, text):
+    """--text reaches per-expert's held-out windows (val: the validation split, score's default), and its
+    report names that text; the fit stays on the training split."""
+    import onebit_predict.commands.int2 as C
+
+    seen = []
+
+    def score(*args, heldout=None, **kwargs):
+        seen.append(heldout)
+        return [P.RowScore("plain", None, 0.01, 0.1, 1.0, 0.9, {}, 0)]
+
+    monkeypatch.setattr(C.Store, "variant", lambda self, name: SimpleNamespace(path=tmp_path / f"{name}.gguf"))
+    monkeypatch.setattr(C.per_expert, "fit", lambda *args, **kwargs: {})
+    monkeypatch.setattr(C.per_expert, "score", score)
+    argv = ["per-expert", H256, "--types", "q2_k", "--text", text, "--json", "--cache-dir", tmp_path / "cache"]
+    rc, out, err = run_cli(int2_main, *argv)
+    assert rc == 0, err
+    report = json.loads(out)
+    if text == "val":
+        assert seen == [None] and report["heldout"] == "val" and "validation split" in report["text"]
+    else:
+        want = corpus_text(text, HELDOUT_TOKENS, tmp_path / "cache")
+        assert seen == [want.tokens()] and report["heldout"]["split"] == text and "outside" in report["text"]
 
 
 def test_per_expert_takes_one_variant_and_one_sidecar(run_cli, tmp_path):

@@ -17,9 +17,9 @@
   the capture), the share of tokens whose routing flipped there and the KL of flipped against kept
   tokens, and the residual energy on held-out against training text;
 - ``per-expert MODEL --types VARIANT [--ranks LIST] [--source input|output] [--compensator
-  VARIANT=FILE]``: a low-rank map per routed expert, gated by its router weight, fitted and
-  scored in numpy, end to end through the capture's hook, beside the per-layer sidecar
-  (int2/per_expert.py);
+  VARIANT=FILE] [--text val|outside]``: a low-rank map per routed expert, gated by its router
+  weight, fitted and scored in numpy, end to end through the capture's hook, beside the per-layer
+  sidecar (int2/per_expert.py);
 - ``plot QUALITY.json --out FILE.png``: a ``quality --json`` report's mean KLD over expert bytes per
   token (int2/plot.py; matplotlib, the optional ``plot`` extra), and the plotted rows as a table.
 
@@ -107,16 +107,17 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument(
         "--train-tokens", type=arg_type(positive_int), default=TRAIN_TOKENS, help="the imatrix's training text"
     )
-    texts = argparse.ArgumentParser(add_help=False)
-    texts.add_argument(
-        "--heldout-tokens", type=arg_type(positive_int), default=HELDOUT_TOKENS, help="the held-out text's tokens"
-    )
-    texts.add_argument(
+    text = argparse.ArgumentParser(add_help=False)
+    text.add_argument(
         "--text",
         choices=TEXTS,
         default="val",
         help=f"the held-out text: the corpus's validation split, or {OUTSIDE_DIST}'s own Python sources "
         f"({OUTSIDE}: outside the training corpus) (default val)",
+    )
+    texts = argparse.ArgumentParser(add_help=False, parents=[text])
+    texts.add_argument(
+        "--heldout-tokens", type=arg_type(positive_int), default=HELDOUT_TOKENS, help="the held-out text's tokens"
     )
     comps = argparse.ArgumentParser(add_help=False)
     comps.add_argument(
@@ -150,7 +151,7 @@ def _parser() -> argparse.ArgumentParser:
         help="training windows for the in-sample residual energy",
     )
     pe = sub.add_parser(
-        "per-expert", parents=[common, comps], help="a low-rank map per routed expert, in numpy", epilog=EPILOG
+        "per-expert", parents=[common, text, comps], help="a low-rank map per routed expert, in numpy", epilog=EPILOG
     )
     pe.add_argument(
         "--ranks", type=arg_type(comma_list(positive_int)), default=list(PER_EXPERT_RANKS), help="ranks to fit"
@@ -232,11 +233,13 @@ def _per_expert(args: argparse.Namespace, store: Store) -> int:
     if len(sidecars) > 1 or len(sidecars) != len(args.compensator):
         raise UsageError(f"per-expert takes at most one --compensator, for {name}")
     made = store.variant(name)
+    held = None if args.text == "val" else corpus_text(args.text, HELDOUT_TOKENS, store.root)
     fits = per_expert.fit(store.source, made.path, args.ranks, args.source, train_windows=args.train_windows,
                           threads=store.threads, log=logger.info)  # fmt: skip
+    stream = None if held is None else held.tokens()
     found = per_expert.score(store.source, made.path, fits, sidecars[0] if sidecars else None,
-                             heldout_windows=args.windows, threads=store.threads)  # fmt: skip
-    emit(args, *out.per_expert_report(store, made, name, found, args.train_windows, args.windows))
+                             heldout_windows=args.windows, heldout=stream, threads=store.threads)  # fmt: skip
+    emit(args, *out.per_expert_report(store, made, name, found, args.train_windows, args.windows, held))
     return EXIT_OK
 
 

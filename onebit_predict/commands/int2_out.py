@@ -152,17 +152,20 @@ def blame_report(store: Store, found: list[RowBlame], windows: int, train_window
 
 
 def per_expert_report(
-    store: Store, made: Made, name: str, found: list[RowScore], train_windows: int, windows: int
+    store: Store, made: Made, name: str, found: list[RowScore], train_windows: int, windows: int, held: Text | None
 ) -> Report:
+    """``held``: the held-out text scored (None: the corpus's validation split, whole)."""
     plain = found[0].kl_mean
     rows = [asdict(r) | {"recovers_pct": recovers(plain, r.kl_mean) if r.values else None} for r in found]
+    where = "validation split" if held is None else held.description
     labels = {
         "model": str(store.source),
         "model_sha256": store.sha256,
         "variant": name,
         "quantized": str(made.path),
         "text": f"fitted on {train_windows} training windows of {CTX} tokens; scored on {windows} "
-        f"held-out windows (validation split, evenly spaced), every row",
+        f"held-out windows ({where}, evenly spaced), every row",
+        "heldout": "val" if held is None else held.summary(),
     }
     lines = [
         model_line(store) + f", variant {name} ({made.path.name})",

@@ -153,13 +153,14 @@ def score(
     sidecar: Path | None = None,
     *,
     heldout_windows: int = HELDOUT_WINDOWS,
+    heldout: Sequence[int] | None = None,
     threads: int = 1,
 ) -> list[RowScore]:
     """The plain 2-bit row, the per-layer sidecar's (when given) and each per-expert rank's, end to end
-    and in residual energy, on the same held-out windows."""
+    and in residual energy, on the same held-out windows: evenly spaced over ``heldout``'s tokens
+    (None: the corpus's validation split)."""
     full = load_moe(full_path)
-    _, val = corpus_streams()
-    held = windows(val, heldout_windows)
+    held = windows(corpus_streams()[1] if heldout is None else np.asarray(heldout, np.int32), heldout_windows)
     comp = read_compensator(sidecar) if sidecar is not None else None
     # name, rank, capturer, the correction in numpy (on the plain run's rows, for the energy), values held
     rows: list[tuple[str, int | None, Capturer, Correct | None, int]] = []
