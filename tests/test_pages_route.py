@@ -287,3 +287,25 @@ def test_route_with_the_lru_pages_out_what_it_evicts(tmp_path):
     assert (free.keep_capacity, free.keep_evicted) == (None, 0)
     with pytest.raises(ValueError, match="route time and no predicted reads"):
         play(path, tight, "router", "read", route=True, keep=True)
+
+
+def test_the_wait_holds_the_matmuls_until_the_layers_reads_are_in(tmp_path):
+    """Route time's wait (ONEBIT_MOE_PREFETCH_WAIT=1): the op waits for its layer's ranges, so the compute
+    thread faults on none of them (its stall falls to what the reads' spill and the dense pages leave) and
+    spends the time in the op instead; the same pages are read. Without route, or with advise, there is
+    nothing to wait for: refused."""
+    path = lru_trace(tmp_path / "lru.bin")
+    tight = tiny_model(capacity_pages=12)
+    free = play(path, tight, None, "off", route=True)
+    trace = Trace.open(path)
+    waited = run_config(load_routing(trace), layout_3_pages(), tight, None, "off", "x", trace, route=True, wait=True)
+    assert (free.wait, free.route_wait_ms) == (False, 0.0)
+    assert waited.wait and waited.route_wait_ms > 0
+    assert waited.stall_ms < free.stall_ms
+    assert waited.counts.pages_read == free.counts.pages_read
+    assert waited.route_missing_pages == free.route_missing_pages
+    for kwargs in ({"route": False}, {"route": True, "consumer": "advise", "predictor": "router"}):
+        args = {"predictor": None, "consumer": "off"} | kwargs
+        with pytest.raises(ValueError, match="the wait is played with route time"):
+            run_config(load_routing(trace), layout_3_pages(), tight, args.pop("predictor"), args.pop("consumer"),
+                       "x", trace, wait=True, **args)  # fmt: skip

@@ -76,10 +76,12 @@ UNPLAYED_CALLS = ("pread",)  # calls the page model has no rule for (pages.AS_CA
 def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
-    time's expert LRU without predicted reads (costmodel/keep.py); never the read path's pread call,
-    its wait, or the LRU's room for guesses, which the page model does not play (such a row is
-    listed as not played, never played as plain route)."""
-    if config is None or config.consumer in UNPLAYED_CALLS or config.wait:
+    time's expert LRU without predicted reads (costmodel/keep.py); route time's wait (not with advise);
+    never the read path's pread call or the LRU's room for guesses, which the page model does not play
+    (such a row is listed as not played, never played as plain route)."""
+    if config is None or config.consumer in UNPLAYED_CALLS:
+        return False
+    if config.wait and (not config.route or config.consumer == "advise"):
         return False
     if config.keep not in (None, "kernel") and (config.speculative or not config.route):
         return False
@@ -165,6 +167,7 @@ class Row:
             "stale_ranges_per_token": run.per_token(run.stale_ranges) if run.route else None,
             "keep_capacity": run.keep_capacity,
             "keep_evicted_per_token": run.per_token(run.keep_evicted) if run.keep else None,
+            "route_wait_ms_per_token": run.per_token(run.route_wait_ms) if run.wait else None,
         }
 
 
@@ -237,18 +240,19 @@ def _rows_at(
             where = f"{measured.path}: {m.name}"
             config, source = played(m.config, measured.knobs_recorded, opts.prefetch_room, where)
             todo.append((config, m.name, m, source))
-    runs: dict[tuple[str | None, str, bool, PageModel], PageRun] = {}  # one simulation per configuration, model
+    # one simulation per configuration (predictor, call, route, keep, wait) and model
+    runs: dict[tuple[str | None, str, bool, bool, bool, PageModel], PageRun] = {}
     rows = []
     default_workers = s.prefetch_threads.value or (measured.workers_default if measured else PREFETCH_THREADS_DEFAULT)
     for config, name, m, source in todo:
         predictor = ORACLE if config.oracle else config.predictor
         workers = s.prefetch_threads.value or config.workers or default_workers
         played_model = replace(s.row_model(model, config, m, workers), prefetch_room=config.room or 0.0)
-        keep = config.keep == "lru"
-        key = (predictor, config.consumer, config.route, keep, played_model)
+        keep, wait = config.keep == "lru", bool(config.wait)
+        key = (predictor, config.consumer, config.route, keep, wait, played_model)
         if key not in runs:
             runs[key] = run_config(
-                routing, setup.layout, played_model, predictor, config.consumer, name, trace, config.route, keep
+                routing, setup.layout, played_model, predictor, config.consumer, name, trace, config.route, keep, wait
             )
         # the model has no guard: a row of a report recording its knobs that ran with one is shown,
         # not checked (reports before them: the guarded rows are checked, "no guard" beside them)

@@ -23,7 +23,9 @@ the page cache is below R x one token's need (:meth:`ExpertLayout.token_need_byt
 time (ONEBIT_MOE_PREFETCH_ROUTE), right after layer l's router the consumer drops the speculative
 ranges still queued for layers <= l and queues, ahead of every speculative one, the ranges of
 layer l's selected experts that are not wholly resident (in the page cache, or under I/O: what
-mincore sees); the room rule does not hold it. ``populate`` (MADV_POPULATE_READ) plays as ``read``.
+mincore sees); the room rule does not hold it. With its wait (ONEBIT_MOE_PREFETCH_WAIT) the compute
+thread then waits for the last of those ranges before the layer's matmuls. ``populate``
+(MADV_POPULATE_READ) plays as ``read``.
 costmodel/page_check.py plays the configurations of a report with it.
 """
 
@@ -151,6 +153,8 @@ class PageRun:
     keep: bool = False  # route time's expert LRU (ONEBIT_MOE_PREFETCH_KEEP=lru)
     keep_capacity: int | None = None  # ... the experts it held at most (None: no limit, it never evicts)
     keep_evicted: int = 0  # ... the experts it evicted (decode)
+    wait: bool = False  # the route-time op waits for its layer's reads (ONEBIT_MOE_PREFETCH_WAIT=1)
+    route_wait_ms: float = 0.0  # ... the compute thread's time in those waits (decode)
 
     @property
     def tok_s(self) -> float | None:
@@ -257,6 +261,9 @@ class _Sim:
         self.ranges = self.route_ranges = self.route_missing = self.stale = 0
         self.keep: ExpertLRU | None = None  # route time's expert LRU, when played and the room bounds it
         self.keep_evicted = 0
+        self.wait = False  # the route-time op waits for its layer's ranges (ONEBIT_MOE_PREFETCH_WAIT=1)
+        self.outstanding: dict[int, int] = {}  # a layer's route-time ranges queued or being read
+        self.layer_waiter: tuple[_Compute, int] | None = None  # the compute thread, waiting on that layer
 
     def push(self, t: float, ranges: Sequence[tuple[int, int]], layer: int, urgent: bool = False) -> None:
         """An op hands ranges of ``layer`` to the workers at t (``urgent``: a route-time op's)."""
@@ -265,6 +272,7 @@ class _Sim:
             q.append((t, first, end, layer))
         if urgent:
             self.route_ranges += len(ranges)
+            self.outstanding[layer] = self.outstanding.get(layer, 0) + len(ranges)
         else:
             self.ranges += len(ranges)
         for w in self.workers:
@@ -283,6 +291,15 @@ class _Sim:
 
     def idle(self) -> bool:
         return not self.queue and not self.urgent and all(w.asleep for w in self.workers)
+
+    def range_done(self, layer: int, t: float) -> None:
+        """A worker finished one of ``layer``'s route-time ranges at t: the last one wakes the compute
+        thread waiting on the layer."""
+        self.outstanding[layer] -= 1
+        if self.outstanding[layer] == 0 and self.layer_waiter is not None and self.layer_waiter[1] == layer:
+            c, self.layer_waiter = self.layer_waiter[0], None
+            c.t = max(c.t, t)
+            self.engine.at(c.t, c.gen)
 
     def on_worker_idle(self, t: float) -> None:
         if self.drain_waiter is not None and self.idle():
@@ -312,17 +329,20 @@ class _Worker:
             if self.t > engine.next_time():  # the next range goes to whichever worker is free first
                 yield self.t
                 continue
-            issued, first, end, _ = (sim.urgent or sim.queue).popleft()
+            urgent = bool(sim.urgent)
+            issued, first, end, layer = (sim.urgent or sim.queue).popleft()
             self.t = max(self.t, issued)
             if sim.call == "advise":
                 if self.t > engine.next_time():
                     yield self.t
                 kernel.willneed(first, end, self.t)
-                continue
-            for p in range(first, end):
-                if self.t > engine.next_time():
-                    yield self.t
-                self.t = kernel.access(p, self.t)
+            else:
+                for p in range(first, end):
+                    if self.t > engine.next_time():
+                        yield self.t
+                    self.t = kernel.access(p, self.t)
+            if urgent:
+                sim.range_done(layer, self.t)
 
 
 class _Compute:
@@ -334,6 +354,7 @@ class _Compute:
         self.t = 0.0
         self.token_ms: list[float] = []
         self.stall_ms = 0.0
+        self.route_wait_ms = 0.0
         self.prefill_counts = KernelCounts()
         self.prefill_evicted = 0
         self.expert_page = sim.layout.is_expert_page() if model.cold else None
@@ -405,6 +426,11 @@ class _Compute:
                     yield self.t
                 self.t += model.op_ms
                 self._route(step, timed)
+                if sim.wait and sim.outstanding.get(step.layer):
+                    # the matmuls start once the layer's reads are in (the workers wake it)
+                    sim.layer_waiter, since = (self, step.layer), self.t
+                    yield None
+                    self.route_wait_ms += self.t - since if timed else 0.0
             if step.next_pred is not None:
                 self.t += cost
             if sim.speculative and step.next_pred:
@@ -449,12 +475,14 @@ def run_config(
     prefill: Trace | Sequence[_Step] = (),
     route: bool = False,
     keep: bool = False,
+    wait: bool = False,
 ) -> PageRun:
     """One configuration: the predictor (the trace's, ``"oracle"``: the actual routing of the next
     layer, predicted at no cost; None or False: off), the workers' call (off, advise, read or
     populate: with the predictor, its speculative reads), ``route``: route-time reads (with the call,
     or ROUTE_CALL when it is off), ``keep``: with route time, its expert LRU (costmodel/keep.py; a
-    predictor's guesses with it are not played); ``prefill``: the trace (its prefill rows are
+    predictor's guesses with it are not played), ``wait``: with route time, the op waits for its layer's
+    reads before the matmuls (not with advise); ``prefill``: the trace (its prefill rows are
     replayed first, untimed) or those steps. Speculative reads the room rule holds off
     (``model.prefetch_room``) issue nothing: ``room_held`` in the result."""
     if consumer not in CONSUMERS:
@@ -463,6 +491,8 @@ def run_config(
         raise ValueError("a consumer needs the predictor or route time")
     if keep and (not route or (predictor and consumer != "off")):
         raise ValueError("the expert LRU is played with route time and no predicted reads")
+    if wait and (not route or consumer == "advise"):
+        raise ValueError("the wait is played with route time, and not with advise (nothing to wait for)")
     oracle = predictor == ORACLE
     speculative = bool(predictor) and consumer != "off"
     call = AS_CALL[consumer] if consumer != "off" or not route else ROUTE_CALL
@@ -482,6 +512,7 @@ def run_config(
     need = layout.token_need_bytes(routing.header.n_expert_used)
     held = speculative and model.room_holds(need)
     sim = _Sim(kernel, engine, layout, call, model.workers, speculative, route, held)
+    sim.wait = wait
     room = model.room_bytes()
     if keep and room is not None:
         n_used, first = routing.header.n_expert_used, min(routing.layers)
@@ -516,4 +547,6 @@ def run_config(
         keep,
         None if sim.keep is None else sim.keep.capacity,
         sim.keep_evicted,
+        wait,
+        compute.route_wait_ms,
     )
