@@ -309,3 +309,23 @@ def test_the_wait_holds_the_matmuls_until_the_layers_reads_are_in(tmp_path):
         with pytest.raises(ValueError, match="the wait is played with route time"):
             run_config(load_routing(trace), layout_3_pages(), tight, args.pop("predictor"), args.pop("consumer"),
                        "x", trace, wait=True, **args)  # fmt: skip
+
+
+def test_a_pread_worker_reads_a_range_whole_and_waits_for_all_of_it():
+    """``pread``: the missing pages of a range in one request (no window: the file opened FADV_RANDOM), every
+    page ready when the request is (a bio completes whole), the worker free only then; a page already under
+    I/O is waited for, not read again; page-touching (``read``) pages arrive one after another."""
+    sim, kernel, engine = one_worker_sim("pread")
+    kernel.read(13, 1, 0.0)  # page 13 already under I/O
+    sim.push(0.0, [(10, 16)], layer=1, urgent=True)
+    engine.run()
+    ready = [kernel.cache.ready(p) for p in range(10, 16)]
+    assert kernel.counts.pread_ranges == 1 and kernel.counts.major_faults == 0
+    assert kernel.counts.requests == 3  # page 13's, then 10-12 and 14-15: the missing runs
+    # one request in service, 1 ms latency, 1 ms a page: 13 done at 2; 10-12 in service 2-6, 14-15 6-9
+    assert ready[:3] == [6.0] * 3 and ready[3] == 2.0 and ready[4:] == [9.0] * 2
+    assert sim.workers[0].t == 9.0 and sim.outstanding[1] == 0
+    touched, k2, e2 = one_worker_sim("read")
+    touched.push(0.0, [(10, 13)], layer=1, urgent=True)
+    e2.run()
+    assert len({k2.cache.ready(p) for p in range(10, 13)}) == 3  # one after another

@@ -244,6 +244,7 @@ class KernelCounts:
     waits: int = 0  # accesses to a page in the cache whose read had not completed
     async_readaheads: int = 0  # readahead windows pulled by the marker
     willneed_ranges: int = 0
+    pread_ranges: int = 0
     pages_read: int = 0
     requests: int = 0
 
@@ -284,11 +285,14 @@ class Kernel:
         self.counts = KernelCounts()
         self.ra_start = self.ra_size = self.ra_async = 0  # the file's readahead state (struct file_ra_state)
 
-    def read(self, first: int, n: int, t: float, mark: int | None = None) -> None:
-        """Read the missing pages of ``[first, first + n)`` (clipped to the file), issued at t."""
+    def read(self, first: int, n: int, t: float, mark: int | None = None, whole: bool = False) -> float:
+        """Read the missing pages of ``[first, first + n)`` (clipped to the file), issued at t; ``whole``:
+        each request's pages are ready when all of it is (a pread's bio), not as its bytes flow. The
+        time the last page read is ready (t: none read)."""
         end = min(first + n, self.n_pages)
         cache, page_ms = self.cache, self.drive.page_ms
         p = max(first, 0)
+        last = t
         while p < end:
             if p in cache:
                 p += 1
@@ -300,11 +304,14 @@ class Kernel:
             flow = self.drive.request(t, run_end - p)
             self.counts.requests += 1
             self.counts.pages_read += run_end - p
-            for k in range(run_end - p):
-                cache.add(p + k, flow + (k + 1) * page_ms)
+            n_run = run_end - p
+            for k in range(n_run):
+                cache.add(p + k, flow + (n_run if whole else k + 1) * page_ms)
+            last = max(last, flow + n_run * page_ms)
             if mark is not None and p <= mark < run_end and mark in cache:
                 cache.marker.add(mark)
             p = run_end
+        return last
 
     def access(self, page: int, t: float) -> float:
         """A thread reads ``page`` at t: the time it can go on (>= t)."""
@@ -357,3 +364,15 @@ class Kernel:
     def willneed(self, first: int, end: int, t: float) -> None:
         self.counts.willneed_ranges += 1
         self.read(first, end - first, t)
+
+    def pread(self, first: int, end: int, t: float) -> float:
+        """A ``pread`` of pages ``[first, end)`` through the file at t (the consumer opened it
+        POSIX_FADV_RANDOM: no readahead, no window): the missing pages in requests up to the drive's
+        largest, each ready when all of it is; the time the whole range is in (pages already under
+        I/O included)."""
+        self.counts.pread_ranges += 1
+        done = self.read(first, end - first, t, whole=True)
+        for p in range(first, min(end, self.n_pages)):
+            if p in self.cache:
+                done = max(done, self.cache.ready(p))
+        return done

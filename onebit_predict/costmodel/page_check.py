@@ -70,15 +70,15 @@ def configurations(routing: Routing) -> list[RowConfig]:
     return out
 
 
-UNPLAYED_CALLS = ("pread",)  # calls the page model has no rule for (pages.AS_CALL)
+UNPLAYED_CALLS: tuple[str, ...] = ()  # calls the page model has no rule for (pages.AS_CALL)
 
 
 def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
     time's expert LRU without predicted reads (costmodel/keep.py); route time's wait (not with advise);
-    never the read path's pread call or the LRU's room for guesses, which the page model does not play
-    (such a row is listed as not played, never played as plain route)."""
+    the workers' pread; never the LRU's room for guesses, which the page model does not play (such a
+    row is listed as not played, never played as plain route)."""
     if config is None or config.consumer in UNPLAYED_CALLS:
         return False
     if config.wait and (not config.route or config.consumer == "advise"):

@@ -50,7 +50,7 @@ from .row_config import CONSUMERS, ORACLE
 # the workers' call of route-time reads when the consumer names none (C ONEBIT_PREFETCH_ROUTE_CALL: read);
 # populate (MADV_POPULATE_READ faults every page of the range in, readahead included) plays as read
 ROUTE_CALL = "read"
-AS_CALL = {"off": "off", "advise": "advise", "read": "read", "populate": "read"}
+AS_CALL = {"off": "off", "advise": "advise", "read": "read", "populate": "read", "pread": "pread"}
 
 
 class _Engine:
@@ -310,7 +310,8 @@ class _Sim:
 
 class _Worker:
     """A consumer worker: ``advise`` issues WILLNEED for each range; ``read`` (and populate) touches its
-    every page; the route-time ops' ranges first."""
+    every page; ``pread`` reads the range through the file and waits for all of it; the route-time ops'
+    ranges first."""
 
     def __init__(self, sim: _Sim) -> None:
         self.sim = sim
@@ -336,6 +337,10 @@ class _Worker:
                 if self.t > engine.next_time():
                     yield self.t
                 kernel.willneed(first, end, self.t)
+            elif sim.call == "pread":  # the whole range in as few requests as the drive takes, then the next
+                if self.t > engine.next_time():
+                    yield self.t
+                self.t = kernel.pread(first, end, self.t)
             else:
                 for p in range(first, end):
                     if self.t > engine.next_time():
