@@ -285,8 +285,26 @@ def test_route_with_the_lru_pages_out_what_it_evicts(tmp_path):
     assert (kernel.keep, kernel.keep_evicted, kernel.route_missing_pages) == (False, 0, 3)
     free = play(path, tiny_model(), None, "off", route=True, keep=True)
     assert (free.keep_capacity, free.keep_evicted) == (None, 0)
-    with pytest.raises(ValueError, match="route time and no predicted reads"):
-        play(path, tight, "router", "read", route=True, keep=True)
+    with pytest.raises(ValueError, match="the expert LRU is played with route time"):
+        play(path, tight, None, "off", route=False, keep=True)
+
+
+def test_the_lrus_room_for_guesses(tmp_path):
+    """With a predictor the LRU gives its guesses n_expert_used places (1 here) over all layers: layer 1's two
+    wrong guesses (experts 3 and 0, it routes 2) take the one place and skip the other, and at layer 1's route
+    the guess read is paged out unused, every decoded token; the guesses shrink the LRU by their places."""
+    path = tmp_path / "guess.bin"
+    h = TraceHeader.build(n_layer=2, n_expert=4, n_expert_used=1, depth=2, mode=MODE_ROUTER, layers={1}, model="g")
+    with TraceWriter(path, h) as w:
+        for pos in range(4):
+            w.add(step=pos, seq_id=0, pos=pos, layer=0, actual=[pos % 2], pred=None, decode=pos > 0)
+            w.add(step=pos, seq_id=0, pos=pos, layer=1, actual=[2], pred=[3, 0], decode=pos > 0)
+    tight = tiny_model(capacity_pages=15)
+    guessed = play(path, tight, "router", "read", route=True, keep=True)
+    alone = play(path, tight, None, "off", route=True, keep=True)
+    assert (guessed.spec_skipped, guessed.spec_unused) == (3, 3)  # 3 decoded tokens, one of each
+    assert (alone.spec_skipped, alone.spec_unused) == (0, 0)
+    assert guessed.keep_capacity == alone.keep_capacity - 1  # the guesses' place comes out of the LRU
 
 
 def test_the_wait_holds_the_matmuls_until_the_layers_reads_are_in(tmp_path):

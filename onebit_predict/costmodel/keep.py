@@ -6,8 +6,12 @@ recent expert not routed now is evicted (a worker pages its slices out). The cap
 (the page cache the process can have) less the mapped bytes a token reads besides its routed
 experts, less one layer's routed experts of slack, less the guesses' room (n_expert_used experts,
 with a predictor), in experts of one layer's page-rounded expert size, at least n_expert_used; the
-share is that over the MoE layers, at least n_expert_used. What the model leaves out: the page-out
-is immediate at the route (the C queues it for the workers, after the route-time reads).
+share is that over the MoE layers, at least n_expert_used. With a predictor its guesses are read
+only into a room of their own (:meth:`ExpertLRU.spec_room`, spec_room): n_expert_used places over
+all layers, one per guessed expert the LRU does not hold, until its layer routes; no place free, the
+guess is not read (``spec_skipped``); at the route a guess that was not routed is paged out
+(``spec_unused``), a routed one joins the LRU. What the model leaves out: the page-out is immediate
+at the route (the C queues it for the workers, after the route-time reads).
 """
 
 from __future__ import annotations
@@ -29,22 +33,42 @@ def keep_capacity(room_bytes: int, need_bytes: int, expert_bytes: int, n_moe_lay
 class ExpertLRU:
     """Per layer, the experts held, least recent first; :meth:`route` returns what to page out."""
 
-    def __init__(self, capacity: int, n_moe_layers: int, n_expert_used: int) -> None:
+    def __init__(self, capacity: int, n_moe_layers: int, n_expert_used: int, guesses: bool = False) -> None:
         if n_moe_layers < 1:
             raise ValueError("the LRU needs at least one MoE layer")
         self.capacity = capacity
         self.share = max(n_expert_used, capacity // n_moe_layers)
         self.held: dict[int, OrderedDict[int, None]] = {}
         self.evicted = 0
+        self.spec_cap = n_expert_used if guesses else 0  # the guesses' places, over all layers
+        self.guessed: dict[int, set[int]] = {}  # per layer, the guessed experts holding a place
+        self.spec_skipped = self.spec_unused = 0
+
+    def spec_room(self, layer: int, e: int) -> bool:
+        """A guess at ``layer``'s expert ``e`` may be read: the LRU holds it (nothing to read), it holds a
+        place already, or a place is free (it takes it); else counted as skipped."""
+        if not self.spec_cap or e in self.held.get(layer, ()):
+            return True
+        mine = self.guessed.setdefault(layer, set())
+        if e in mine:
+            return True
+        if sum(len(g) for g in self.guessed.values()) >= self.spec_cap:
+            self.spec_skipped += 1
+            return False
+        mine.add(e)
+        return True
 
     def route(self, layer: int, experts: Iterable[int]) -> list[int]:
-        """The layer routed ``experts``: they become its most recent; the experts it evicts, oldest first."""
+        """The layer routed ``experts``: they become its most recent; what to page out: its guesses not
+        routed, then the experts it evicts, oldest first."""
         lru = self.held.setdefault(layer, OrderedDict())
         now = list(dict.fromkeys(e for e in experts if e >= 0))
+        routed = set(now)
+        unused = sorted(self.guessed.pop(layer, set()) - routed)  # the layer's guesses leave their room
+        self.spec_unused += len(unused)
         for e in now:
             lru[e] = None
             lru.move_to_end(e)
-        routed = set(now)
         out = []
         for e in list(lru):
             if len(lru) <= self.share:
@@ -53,4 +77,4 @@ class ExpertLRU:
                 del lru[e]
                 out.append(e)
         self.evicted += len(out)
-        return out
+        return unused + out

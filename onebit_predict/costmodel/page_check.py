@@ -76,14 +76,13 @@ UNPLAYED_CALLS: tuple[str, ...] = ()  # calls the page model has no rule for (pa
 def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
-    time's expert LRU without predicted reads (costmodel/keep.py); route time's wait (not with advise);
-    the workers' pread; never the LRU's room for guesses, which the page model does not play (such a
-    row is listed as not played, never played as plain route)."""
+    time's expert LRU, with a predictor's guesses in its room for them (costmodel/keep.py); route time's
+    wait (not with advise); the workers' pread."""
     if config is None or config.consumer in UNPLAYED_CALLS:
         return False
     if config.wait and (not config.route or config.consumer == "advise"):
         return False
-    if config.keep not in (None, "kernel") and (config.speculative or not config.route):
+    if config.keep not in (None, "kernel") and not config.route:
         return False
     if config.is_off:
         return True
@@ -168,6 +167,8 @@ class Row:
             "keep_capacity": run.keep_capacity,
             "keep_evicted_per_token": run.per_token(run.keep_evicted) if run.keep else None,
             "route_wait_ms_per_token": run.per_token(run.route_wait_ms) if run.wait else None,
+            "guesses_skipped_per_token": run.per_token(run.spec_skipped) if run.keep and run.predictor else None,
+            "guesses_unused_per_token": run.per_token(run.spec_unused) if run.keep and run.predictor else None,
         }
 
 

@@ -155,6 +155,8 @@ class PageRun:
     keep_evicted: int = 0  # ... the experts it evicted (decode)
     wait: bool = False  # the route-time op waits for its layer's reads (ONEBIT_MOE_PREFETCH_WAIT=1)
     route_wait_ms: float = 0.0  # ... the compute thread's time in those waits (decode)
+    spec_skipped: int = 0  # with the LRU and a predictor: guesses not read, their room full (decode)
+    spec_unused: int = 0  # ... guesses read and not routed, paged out at their layer's route (decode)
 
     @property
     def tok_s(self) -> float | None:
@@ -260,7 +262,7 @@ class _Sim:
         self.drain_waiter: _Compute | None = None
         self.ranges = self.route_ranges = self.route_missing = self.stale = 0
         self.keep: ExpertLRU | None = None  # route time's expert LRU, when played and the room bounds it
-        self.keep_evicted = 0
+        self.keep_evicted = self.spec_skipped = self.spec_unused = 0  # the LRU's counts, decode only
         self.wait = False  # the route-time op waits for its layer's ranges (ONEBIT_MOE_PREFETCH_WAIT=1)
         self.outstanding: dict[int, int] = {}  # a layer's route-time ranges queued or being read
         self.layer_waiter: tuple[_Compute, int] | None = None  # the compute thread, waiting on that layer
@@ -378,10 +380,16 @@ class _Compute:
             self._pages[key] = self.sim.layout.dense_pages(layer)
         return self._pages[key]
 
-    def _ranges(self, step: _Step) -> list[tuple[int, int]]:
+    def _ranges(self, step: _Step, timed: bool) -> list[tuple[int, int]]:
+        """The predicted experts' ranges; with the LRU only those its room for guesses takes."""
         out: list[tuple[int, int]] = []
+        keep = self.sim.keep
+        skipped = 0 if keep is None else keep.spec_skipped
         for e in step.next_pred or ():
-            out.extend(self.sim.layout.expert_ranges(step.target, e))
+            if keep is None or keep.spec_room(step.target, e):
+                out.extend(self.sim.layout.expert_ranges(step.target, e))
+        if keep is not None and timed:
+            self.sim.spec_skipped += keep.spec_skipped - skipped
         return out
 
     def _route(self, step: _Step, timed: bool) -> None:
@@ -398,8 +406,12 @@ class _Compute:
                     sim.route_missing += missing if timed else 0
         sim.push(self.t, out, step.layer, urgent=True)
         if sim.keep is not None:
-            for e in sim.keep.route(step.layer, step.demand):
-                sim.keep_evicted += timed
+            evicted, unused = sim.keep.evicted, sim.keep.spec_unused
+            out_experts = sim.keep.route(step.layer, step.demand)
+            if timed:
+                sim.keep_evicted += sim.keep.evicted - evicted
+                sim.spec_unused += sim.keep.spec_unused - unused
+            for e in out_experts:
                 for first, end in sim.layout.expert_ranges(step.layer, e):
                     for p in range(first, end):
                         cache.discard(p)
@@ -443,7 +455,7 @@ class _Compute:
                     yield self.t
                 self.t += model.op_ms
                 if not sim.held:
-                    sim.push(self.t, self._ranges(step), step.target)
+                    sim.push(self.t, self._ranges(step, timed), step.target)
             yield from self._touch(self._demand(step), model.layer_ms - before, timed)
         yield from self._touch(self._dense(None), 0.0, timed)
 
@@ -486,7 +498,7 @@ def run_config(
     layer, predicted at no cost; None or False: off), the workers' call (off, advise, read or
     populate: with the predictor, its speculative reads), ``route``: route-time reads (with the call,
     or ROUTE_CALL when it is off), ``keep``: with route time, its expert LRU (costmodel/keep.py; a
-    predictor's guesses with it are not played), ``wait``: with route time, the op waits for its layer's
+    predictor's guesses with it only into its room for guesses), ``wait``: with route time, the op waits for its layer's
     reads before the matmuls (not with advise); ``prefill``: the trace (its prefill rows are
     replayed first, untimed) or those steps. Speculative reads the room rule holds off
     (``model.prefetch_room``) issue nothing: ``room_held`` in the result."""
@@ -494,8 +506,8 @@ def run_config(
         raise ValueError(f"unknown consumer '{consumer}' (one of {', '.join(CONSUMERS)})")
     if consumer != "off" and not predictor and not route:
         raise ValueError("a consumer needs the predictor or route time")
-    if keep and (not route or (predictor and consumer != "off")):
-        raise ValueError("the expert LRU is played with route time and no predicted reads")
+    if keep and not route:
+        raise ValueError("the expert LRU is played with route time")
     if wait and (not route or consumer == "advise"):
         raise ValueError("the wait is played with route time, and not with advise (nothing to wait for)")
     oracle = predictor == ORACLE
@@ -523,7 +535,8 @@ def run_config(
         n_used, first = routing.header.n_expert_used, min(routing.layers)
         expert = sum(end - begin for begin, end in layout.expert_ranges(first, 0)) * layout.page_size
         n_moe = len(routing.layers)
-        sim.keep = ExpertLRU(keep_capacity(room, need, expert, n_moe, n_used), n_moe, n_used)
+        cap = keep_capacity(room, need, expert, n_moe, n_used, guesses=speculative)
+        sim.keep = ExpertLRU(cap, n_moe, n_used, guesses=speculative)
     tokens = _steps(routing, oracle)
     compute = _Compute(sim, model, bool(predictor) and not oracle, tokens, list(prefill) if model.prefill else [])
     engine.at(0.0, compute.gen)
@@ -554,4 +567,6 @@ def run_config(
         sim.keep_evicted,
         wait,
         compute.route_wait_ms,
+        sim.spec_skipped,
+        sim.spec_unused,
     )
