@@ -71,7 +71,7 @@ def _require_cgroup() -> None:
         (["--drive", "native"], "--drive is a dimension of --memory-limit runs"),
         (
             ["--memory-limit", "64MiB", "--drive", "floppy"],
-            "unknown drive 'floppy': one of native, nvme, nvme-1m, sata",
+            "unknown drive 'floppy': one of native, nvme, nvme-1m, nvme-3g, sata",
         ),
         (["--memory-limit", "64MiB", "--drive", "nvme,"], "empty item"),
         (["--memory-limit", "64MiB", "--drive", "native,native"], "'native,native' gives native twice"),
@@ -116,7 +116,7 @@ def test_an_emulator_that_cannot_be_built_is_refused(monkeypatch, capsys, tmp_pa
 
 def test_the_drive_is_a_field_of_the_configuration():
     c = RowConfig("block", "advise", drive="nvme")
-    assert DRIVES == ("native", "nvme", "nvme-1m", "sata")
+    assert DRIVES == ("native", "nvme", "nvme-1m", "nvme-3g", "sata")
     assert c.name == "block + advise, nvme" and c.env() == RowConfig("block", "advise").env()
     assert RowConfig.from_fields(json.loads(json.dumps(c.fields()))) == c and from_name(c.name) == c
     both = RowConfig("router", "advise", oracle=True, read_ahead_kb=128, drive="sata")

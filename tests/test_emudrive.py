@@ -54,7 +54,7 @@ def test_profiles_reproduce_their_figures():
     assert SATA.model_throughput(4096, 1) / 4096 == pytest.approx(12.9e3, rel=0.02)
     assert SATA.model_throughput(4096, 32) / 4096 == pytest.approx(103e3, rel=0.05)
     assert profile("nvme") is NVME
-    with pytest.raises(ValueError, match="known are nvme, nvme-1m, sata"):
+    with pytest.raises(ValueError, match="known are nvme, nvme-1m, nvme-3g, sata"):
         profile("floppy")
     with pytest.raises(ValueError):
         DriveProfile(name="bad", latency_us=1, bandwidth=1, channels=1, max_read=5000)

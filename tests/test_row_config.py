@@ -178,10 +178,10 @@ def test_the_measured_reports_are_read_by_their_names(path, caplog):
             assert row.config.env(r["env"].get("ONEBIT_MOE_PREFETCH_DEBUG_ORACLE")) == r["env"]
 
 
-def test_the_read_path_knobs_name_their_rows_and_the_page_model_does_not_play_them():
+def test_the_read_path_knobs_name_their_rows_and_the_page_model_plays_them():
     """pread, the wait and the LRU are a row's call and knobs (its name, its environment, read back from
-    the name); the page model plays route with the LRU, and lists pread, the wait and the LRU with
-    predicted reads as not played rather than playing them as plain route."""
+    the name); the page model plays route with each (costmodel/pages.py), and lists as not played what
+    has nothing to play: the wait with advise (RowConfig refuses a wait or an LRU without route time)."""
     from onebit_predict.costmodel.page_check import playable
     from onebit_predict.costmodel.row_config import from_name
 
@@ -200,6 +200,12 @@ def test_the_read_path_knobs_name_their_rows_and_the_page_model_does_not_play_th
     )  # pinned, not inherited
     with pytest.raises(ValueError):
         RowConfig(route=True, keep="mru")
-    for row in (cfg, RowConfig("router", "read", route=True, keep="lru"), RowConfig(route=True, wait=1)):
-        assert not playable(row, None)  # before the trace is looked at
-    assert playable(RowConfig(route=True, keep="lru"), None)  # costmodel/keep.py plays it
+    for row in (
+        cfg,
+        RowConfig(route=True, wait=1),
+        RowConfig(route=True, keep="lru"),
+        RowConfig(consumer="pread", route=True),
+    ):
+        assert playable(row, None)  # the predictor off: decided before the trace is looked at
+    for row in (RowConfig(consumer="advise", route=True, wait=1),):
+        assert not playable(row, None)

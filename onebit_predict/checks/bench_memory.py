@@ -189,7 +189,7 @@ class DriveUnavailable(ValueError):
 
 
 def drive_value(text: str) -> str:
-    """One ``--drive`` item: ``native`` or an emulated drive's profile (nvme, nvme-1m, sata)."""
+    """One ``--drive`` item: ``native`` or an emulated drive's profile (nvme, nvme-1m, nvme-3g, sata)."""
     if text not in DRIVES:
         raise ValueError(f"unknown drive '{text}': one of {', '.join(DRIVES)}")
     return text

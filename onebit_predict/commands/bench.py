@@ -50,7 +50,10 @@ from .common import (
 logger = logging.getLogger("onebit_predict")
 PROG = "onebit-bench"
 READ_AHEAD = "--memory-limit: run every configuration at each read_ahead_kb (128,8192) of the model's drive (root)"
-DRIVE = "--memory-limit: run every configuration on each drive: native (where the model is), emulated nvme|nvme-1m|sata"
+DRIVE = (
+    "--memory-limit: run every configuration on each drive: native (where the model is), emulated "
+    "nvme|nvme-1m|nvme-3g|sata"
+)
 COMPENSATOR = "a compensator sidecar: warm, one more row with it; --memory-limit: every row with it"
 ROWS = "--memory-limit: the configurations, a set (default, drives) or names separated by ';' (default: default)"
 PROMPT_TOKENS = "--memory-limit: also time a prompt of each length (512,2048), each in runs of its own"

@@ -119,7 +119,7 @@ class Cell:
     """One drive x one expert size x one limit, and its configurations' rows."""
 
     drive_label: str  # "native @128", "nvme", ...
-    drive: str  # native, nvme, nvme-1m, sata
+    drive: str  # native, nvme, nvme-1m, nvme-3g, sata
     read_ahead_kb: int | None
     emulated: bool
     size: ExpertSize

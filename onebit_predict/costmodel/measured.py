@@ -193,7 +193,7 @@ class MeasuredRow:
     major_faults_per_token: float | None
     process_bytes: int | None = None
     read_ahead_kb: int | None = None  # the drive's readahead it ran at (None: unknown)
-    drive: str | None = None  # the drive it read the model from: native, nvme, nvme-1m, sata (None: unknown)
+    drive: str | None = None  # the drive it read the model from: native, nvme, nvme-1m, nvme-3g, sata (None: unknown)
     route_missing_per_token: float | None = None  # bytes the routed experts lacked when routed (None: no route)
     decode: DecodeSplit | None = None  # where its tokens' time went (None: a report written before)
 

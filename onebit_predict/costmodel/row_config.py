@@ -38,7 +38,7 @@ ran at 8192), or a run that did not set it, whose report records the device's va
 (costmodel/measured.py reads that in).
 
 ``drive`` is another: the drive the row read the model from (``onebit-bench --memory-limit --drive
-native,nvme,sata``): ``native`` the model where it is, ``nvme``, ``nvme-1m`` or ``sata`` the emulated drive
+native,nvme,sata``): ``native`` the model where it is, ``nvme``, ``nvme-1m``, ``nvme-3g`` or ``sata`` the emulated drive
 (onebit_predict/drive) serving it. Its qualifier is the value alone (``block + advise, nvme``: a
 ``bare`` knob, one of its ``choices``). None is unknown: a report before the field, or a run that
 did not name a drive, whose report records the one it used (costmodel/measured.py reads that in).

@@ -25,6 +25,8 @@ nvme-1m: the same nvme whose mount takes the kernel's largest FUSE request, 1 Mi
 as a real NVMe drive takes 512 KiB to 2 MiB requests: a pread of a whole expert slice, or a readahead
 window of ``read_ahead_kb >= 1024``, then reaches the drive as 1 MiB requests, where the default
 mount splits every one at 128 KiB. Faults stay at the bdi's ``read_ahead_kb``.
+nvme-3g: the same nvme with its bus at 3 GB/s, the drive the seed's Python prototype simulated for its
+5.47x (docs/int2.md, the seed's system measured whole): a 128 KiB request takes 65 + 44 = 109 us.
 sata (a SATA 6 Gb/s drive; Samsung 870 EVO data sheet: sequential read 560 MB/s, 4 KB random
 read 13K IOPS at QD1 and 98K IOPS at QD32):
   - B = 560 MB/s: the sequential read figure (the SATA link's ceiling);
@@ -94,7 +96,14 @@ SATA = DriveProfile(
     "98K IOPS QD32",
 )
 
-PROFILES: dict[str, DriveProfile] = {p.name: p for p in (NVME, NVME_1M, SATA)}
+NVME_3G = replace(
+    NVME,
+    name="nvme-3g",
+    bandwidth=3.0e9,
+    source=NVME.source + "; the bus at 3 GB/s, the drive the seed's prototype simulated (its 5.47x)",
+)
+
+PROFILES: dict[str, DriveProfile] = {p.name: p for p in (NVME, NVME_1M, NVME_3G, SATA)}
 
 
 def profile(name: str) -> DriveProfile:
