@@ -127,7 +127,7 @@ def test_the_drive_is_a_field_of_the_configuration():
     # never a loss and vs patched off: on the same drive, at the same readahead
     assert c.consumer_off() == RowConfig("block", drive="nvme") and c.predictor_off() == RowConfig(drive="nvme")
     assert both.predictor_off() == RowConfig(read_ahead_kb=128, drive="sata")
-    with pytest.raises(ValueError, match="drive 'floppy' is not one of native, nvme, nvme-1m, sata"):
+    with pytest.raises(ValueError, match="drive 'floppy' is not one of native, nvme, nvme-1m, nvme-3g, sata"):
         RowConfig(drive="floppy")
     with pytest.raises(ValueError, match="drive 'floppy'"):
         RowConfig.from_fields(c.fields() | {"drive": "floppy"})
