@@ -444,7 +444,7 @@ def test_measured_knobs_are_read_as_the_consumer_reads_them(capsys, tiny, tmp_pa
         (
             "config",
             {"predictor": "router", "drive": "nvme0"},
-            "drive 'nvme0' is not one of native, nvme, nvme-1m, sata",
+            "drive 'nvme0' is not one of native, nvme, nvme-1m, nvme-3g, sata",
         ),
     ],
 )
