@@ -70,15 +70,12 @@ def configurations(routing: Routing) -> list[RowConfig]:
     return out
 
 
-UNPLAYED_CALLS: tuple[str, ...] = ()  # calls the page model has no rule for (pages.AS_CALL)
-
-
 def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
     time's expert LRU, with a predictor's guesses in its room for them (costmodel/keep.py); route time's
     wait (not with advise); the workers' pread."""
-    if config is None or config.consumer in UNPLAYED_CALLS:
+    if config is None:
         return False
     if config.wait and (not config.route or config.consumer == "advise"):
         return False
