@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from onebit_predict.constants import KEEP_NAMES
+from onebit_predict.constants import KEEP_NAMES, ORDER_NAMES
 from onebit_predict.policy import MODES, PREFETCH_MODES, Env, PrefetchEnv
 
 CASES_TSV = Path(__file__).with_name("cases.tsv")
@@ -20,6 +20,7 @@ EMPTY = '""'
 ESCAPES = {"s": " ", "t": "\t", "n": "\n", "r": "\r", "f": "\f", "v": "\v", "\\": "\\"}
 HEX_DIGITS = "0123456789abcdefABCDEF"
 KEEPS = {name: keep for keep, name in KEEP_NAMES.items()}  # a keep case's expected KEEP
+ORDERS = {name: order for order, name in ORDER_NAMES.items()}  # an order case's expected ORDER
 
 
 class AheadCase(NamedTuple):
@@ -71,6 +72,14 @@ class KeepCase(NamedTuple):
     env: PrefetchEnv  # ONEBIT_MOE_PREFETCH, _ROUTE and _KEEP (the other knobs unset)
     predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
     keep: int  # what decides which experts stay cached: KEEP_KERNEL or KEEP_LRU
+    n_warnings: int
+
+
+class OrderCase(NamedTuple):
+    line: int
+    env: PrefetchEnv  # ONEBIT_MOE_PREFETCH, _ROUTE and _ORDER (the other knobs unset)
+    predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
+    order: int  # in what order the expert matmuls take a layer's experts: ORDER_INDEX or ORDER_HITS
     n_warnings: int
 
 
@@ -154,6 +163,7 @@ Case = (
     | RouteCase
     | WaitCase
     | KeepCase
+    | OrderCase
 )
 
 
@@ -209,6 +219,12 @@ def _keep(field: str) -> int:
     return KEEPS[field]
 
 
+def _order(field: str) -> int:
+    if field not in ORDERS:
+        raise CaseFormatError(f"{field!r} is not one of {'|'.join(ORDERS)}")
+    return ORDERS[field]
+
+
 def _layer_list(field: str) -> frozenset[int]:
     if field == "-":
         return frozenset()
@@ -249,6 +265,16 @@ def _case(line: int, f: list[str]) -> Case:
             _flag(f[17]),
             int(f[18]),
         )
+    if kind == "knob" and n == 4:
+        return KnobCase(line, *map(_string, f[1:4]))
+    if kind == "ahead" and n == 7:
+        return AheadCase(line, _string(f[1]), _string(f[2]), int(f[3]), int(f[4]), _layer_list(f[5]), int(f[6]))
+    return _prefetch_case(line, f)
+
+
+def _prefetch_case(line: int, f: list[str]) -> Case:
+    """A case of onebit_prefetch_parse: the prefetch consumer's kinds."""
+    kind, n = f[0], len(f)
     if kind == "prefetch" and n == 9:
         return PrefetchCase(
             line,
@@ -259,10 +285,6 @@ def _case(line: int, f: list[str]) -> Case:
             int(f[7]),
             int(f[8]),
         )
-    if kind == "knob" and n == 4:
-        return KnobCase(line, *map(_string, f[1:4]))
-    if kind == "ahead" and n == 7:
-        return AheadCase(line, _string(f[1]), _string(f[2]), int(f[3]), int(f[4]), _layer_list(f[5]), int(f[6]))
     if kind == "guard" and n == 4:
         return GuardCase(line, _string(f[1]), int(f[2]), int(f[3]))
     if kind == "room" and n == 4:
@@ -293,6 +315,14 @@ def _case(line: int, f: list[str]) -> Case:
             PrefetchEnv(mode=_string(f[1]), route=_string(f[2]), keep=_string(f[3])),
             MODES[f[4]],
             _keep(f[5]),
+            int(f[6]),
+        )
+    if kind == "order" and n == 7:
+        return OrderCase(
+            line,
+            PrefetchEnv(mode=_string(f[1]), route=_string(f[2]), order=_string(f[3])),
+            MODES[f[4]],
+            _order(f[5]),
             int(f[6]),
         )
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")

@@ -85,6 +85,11 @@ enum onebit_keep {
     ONEBIT_KEEP_LRU    = 1,
 };
 
+enum onebit_order {
+    ONEBIT_ORDER_INDEX = 0,
+    ONEBIT_ORDER_HITS  = 1,
+};
+
 #define ONEBIT_PREFETCH_ROUTE_CALL ...
 #define ONEBIT_PREFETCH_THREADS_DEFAULT ...
 #define ONEBIT_PREFETCH_THREADS_MAX ...
@@ -102,6 +107,7 @@ struct onebit_prefetch_env {
     const char * random;
     const char * wait;
     const char * keep;
+    const char * order;
 };
 
 struct onebit_prefetch_policy {
@@ -115,6 +121,7 @@ struct onebit_prefetch_policy {
     int32_t random;
     int32_t wait;
     int32_t keep;
+    int32_t order;
 };
 
 const char * onebit_prefetch_mode_name(int32_t mode);

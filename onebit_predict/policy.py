@@ -37,6 +37,7 @@ from .constants import (
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_KEEP,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
@@ -48,6 +49,8 @@ from .constants import (
     MAX_LAYERS,
     MODE_NAMES,
     MODE_OFF,
+    ORDER_INDEX,
+    ORDER_NAMES,
     PREFETCH_ADVISE,
     PREFETCH_GUARD_DEFAULT,
     PREFETCH_GUARD_MAX,
@@ -69,6 +72,7 @@ BOOL_FALSE = ("0", "false", "no", "off")
 MODES = {name: mode for mode, name in MODE_NAMES.items()}
 PREFETCH_MODES = {name: mode for mode, name in PREFETCH_NAMES.items()}
 KEEP_MODES = {name: keep for keep, name in KEEP_NAMES.items()}
+ORDER_MODES = {name: order for order, name in ORDER_NAMES.items()}
 MAX_BYTE_DIGITS = 12  # 12 digits times 2^30 still fits an int64 in C
 BYTE_UNITS = {"": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
 
@@ -172,7 +176,7 @@ def _parse_bool(name: str, raw: str | None, warnings: list[str]) -> bool:
 
 
 def _parse_choice(name: str, raw: str | None, choices: Mapping[str, int], warnings: list[str]) -> int:
-    """One of choices (by name, the default first: "off", "kernel"), blank for the default; anything
+    """One of choices (by name, the default first: "off", "kernel", "index"), blank for the default; anything
     else warns and is the default."""
     t = _lower_ascii(_trim(raw))
     if t in choices:
@@ -373,6 +377,7 @@ class PrefetchEnv(NamedTuple):
     random: str | None = None  # ONEBIT_MOE_PREFETCH_RANDOM
     wait: str | None = None  # ONEBIT_MOE_PREFETCH_WAIT
     keep: str | None = None  # ONEBIT_MOE_PREFETCH_KEEP
+    order: str | None = None  # ONEBIT_MOE_PREFETCH_ORDER
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> PrefetchEnv:
@@ -386,6 +391,7 @@ class PrefetchEnv(NamedTuple):
             ENV_PREFETCH_RANDOM,
             ENV_PREFETCH_WAIT,
             ENV_PREFETCH_KEEP,
+            ENV_PREFETCH_ORDER,
         )
         return cls(*(environ.get(name) for name in names))
 
@@ -404,6 +410,7 @@ class PrefetchPolicy:
     random: bool = False  # readahead off on the expert tensors (MADV_RANDOM): faults read single pages
     wait: bool = False  # the route-time op waits for its layer's reads: the matmuls never fault on a routed expert
     keep: int = KEEP_KERNEL  # what decides which experts stay cached (KEEP_NAMES)
+    order: int = ORDER_INDEX  # in what order the expert matmuls take a layer's experts (ORDER_NAMES)
 
 
 def prefetch_mode_name(mode: int) -> str:
@@ -438,12 +445,14 @@ class _Reads(NamedTuple):
     random: bool  # readahead off on the expert tensors
     wait: bool  # the route-time op waits for its layer's reads
     keep: int  # what decides which experts stay cached
+    order: int  # in what order the expert matmuls take a layer's experts
 
 
 def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _Reads:
-    """ONEBIT_MOE_PREFETCH, _ROUTE, _RANDOM and _WAIT: speculative reads need a call and a predictor;
-    route-time reads need neither and use PREFETCH_ROUTE_CALL when no call is named; readahead
-    off needs the consumer on; the wait needs route-time reads by a call that finishes them."""
+    """ONEBIT_MOE_PREFETCH, _ROUTE, _RANDOM, _WAIT, _KEEP and _ORDER: speculative reads need a call
+    and a predictor; route-time reads need neither and use PREFETCH_ROUTE_CALL when no call is named;
+    readahead off needs the consumer on; the wait needs route-time reads by a call that finishes
+    them; keep=lru and order=hits need route-time reads (any call)."""
     mode = _parse_prefetch_mode(env.mode, warnings)
     route = _parse_bool(ENV_PREFETCH_ROUTE, env.route, warnings)
     random = _parse_bool(ENV_PREFETCH_RANDOM, env.random, warnings)
@@ -472,7 +481,11 @@ def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _R
     if keep != KEEP_KERNEL and not route:
         warnings.append(f"{ENV_PREFETCH_KEEP}=lru needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")
         keep = KEEP_KERNEL
-    return _Reads(mode, speculative, route, random, wait, keep)
+    order = _parse_choice(ENV_PREFETCH_ORDER, env.order, ORDER_MODES, warnings)
+    if order != ORDER_INDEX and not route:
+        warnings.append(f"{ENV_PREFETCH_ORDER}=hits needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")
+        order = ORDER_INDEX
+    return _Reads(mode, speculative, route, random, wait, keep, order)
 
 
 def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, list[str]]:
@@ -553,5 +566,6 @@ def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy,
         random=reads.random,
         wait=reads.wait,
         keep=reads.keep,
+        order=reads.order,
     )
     return policy, warnings

@@ -70,21 +70,41 @@ def test_the_wait_fields_are_held_to_c(tmp_path):
 
 
 def test_the_keep_fields_are_held_to_c(tmp_path):
-    """The fields ONEBIT_MOE_PREFETCH_KEEP added, last again: ``prefetch_keep`` and
+    """The fields ONEBIT_MOE_PREFETCH_KEEP added, where the ABI put them: ``prefetch_keep`` and
     ``prefetch_debug_keep_cap`` of the params (after ``prefetch_wait``), ``keep``, ``keep_evicted``
     and ``keep_capacity`` of the stats (after ``wait``: an i32, then a u64 and an i64 on 8 bytes), and
     after them the guesses' room's ``spec_skipped`` and ``spec_unused`` (u64), at C's offsets."""
     params = [f[0] for f in OnebitMoeParams._fields_]
     stats = [f[0] for f in OnebitMoeStats._fields_]
-    at = params.index("prefetch_wait")
-    assert params[at:] == ["prefetch_wait", "prefetch_keep", "prefetch_debug_keep_cap"]
+    at_params = params.index("prefetch_wait")
+    assert params[at_params : at_params + 3] == ["prefetch_wait", "prefetch_keep", "prefetch_debug_keep_cap"]
     at = stats.index("wait")
-    assert stats[at:] == ["wait", "keep", "keep_evicted", "keep_capacity", "spec_skipped", "spec_unused"]
+    assert stats[at : at + 6] == ["wait", "keep", "keep_evicted", "keep_capacity", "spec_skipped", "spec_unused"]
     types = dict(OnebitMoeStats._fields_)
-    assert [ctypes.sizeof(types[f]) for f in stats[at + 1 :]] == [4, 8, 8, 8, 8]
+    assert [ctypes.sizeof(types[f]) for f in stats[at + 1 : at + 6]] == [4, 8, 8, 8, 8]
     assert (types["keep_evicted"], types["keep_capacity"]) == (ctypes.c_uint64, ctypes.c_int64)  # -1: none yet
     for cls, name, fields in (
-        (OnebitMoeParams, "onebit_moe_params", params[params.index("prefetch_wait") :]),
+        (OnebitMoeParams, "onebit_moe_params", params[at_params : at_params + 3]),
+        (OnebitMoeStats, "onebit_moe_stats", stats[at : at + 6]),
+    ):
+        _, offsets = c_layout(tmp_path, name, fields)
+        assert [getattr(cls, f).offset for f in fields] == offsets
+
+
+def test_the_order_fields_are_held_to_c(tmp_path):
+    """The fields ONEBIT_MOE_PREFETCH_ORDER added, last again: ``prefetch_order`` of the params
+    (after ``prefetch_debug_keep_cap``), ``order``, ``order_marked`` and ``order_reordered`` of the
+    stats (after ``spec_unused``: an i32, then two u64 on 8 bytes), at C's offsets."""
+    params = [f[0] for f in OnebitMoeParams._fields_]
+    stats = [f[0] for f in OnebitMoeStats._fields_]
+    at_params = params.index("prefetch_debug_keep_cap")
+    assert params[at_params:] == ["prefetch_debug_keep_cap", "prefetch_order"]
+    at = stats.index("spec_unused")
+    assert stats[at:] == ["spec_unused", "order", "order_marked", "order_reordered"]
+    types = dict(OnebitMoeStats._fields_)
+    assert [types[f] for f in stats[at + 1 :]] == [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]
+    for cls, name, fields in (
+        (OnebitMoeParams, "onebit_moe_params", params[at_params:]),
         (OnebitMoeStats, "onebit_moe_stats", stats[at:]),
     ):
         size, offsets = c_layout(tmp_path, name, fields)

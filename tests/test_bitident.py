@@ -36,6 +36,7 @@ from onebit_predict.constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_KEEP_CAP,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_WAIT,
@@ -351,20 +352,24 @@ def test_bad_modes_are_usage_errors(tmp_path, capsys):
 
 def test_the_default_modes_cover_the_qualifiers():
     specs = [parse_mode(m) for m in MODES]
-    for want in ("pread+route+exact+wait", "route+lru", "block+pread+route+wait+lru"):
+    for want in ("pread+route+exact+wait", "route+lru+hits", "block+pread+route+wait+lru"):
         assert want in MODES
     assert any(s.exact for s in specs) and any(s.wait for s in specs) and any(s.lru for s in specs)
+    assert any(s.hits and s.lru for s in specs)  # where the LRU's page-outs let the order be proved
     assert {s.consumer for s in specs} >= set(CONSUMERS)  # pread among every call
 
 
 def test_every_qualifier_is_pinned_per_mode():
     """Each route-time knob is set by the mode that asks for it and cleared (None) by every other,
     so nothing reaches a run from the caller's environment."""
-    knobs = (ENV_PREFETCH, ENV_PREFETCH_RANDOM, ENV_PREFETCH_WAIT, ENV_PREFETCH_KEEP, ENV_PREFETCH_DEBUG_KEEP_CAP)
+    knobs = (
+        ENV_PREFETCH, ENV_PREFETCH_RANDOM, ENV_PREFETCH_WAIT, ENV_PREFETCH_KEEP, ENV_PREFETCH_DEBUG_KEEP_CAP,
+        ENV_PREFETCH_ORDER,
+    )  # fmt: skip
     assert {k: run_env("route", None, False)[k] for k in knobs} == dict.fromkeys(knobs)
-    env = run_env("pread+route+exact+wait+lru", None, False, keep_cap=6)
+    env = run_env("pread+route+exact+wait+lru+hits", None, False, keep_cap=6)
     assert set(env) == set(ENV_ALL)
-    assert [env[k] for k in knobs] == ["pread", "1", "1", "lru", "6"]
+    assert [env[k] for k in knobs] == ["pread", "1", "1", "lru", "6", "hits"]
     assert env[ENV_MODE] is None and env[ENV_PREFETCH_ROUTE] == "1"
     env = run_env("block+pread+route+wait+lru", None, False, keep_cap=6)
     assert env[ENV_MODE] == "block" and env[ENV_PREFETCH_RANDOM] is None and env[ENV_PREFETCH_WAIT] == "1"
@@ -373,6 +378,7 @@ def test_every_qualifier_is_pinned_per_mode():
         spec = parse_mode(mode)
         assert (env[ENV_PREFETCH_KEEP] == "lru") == spec.lru == (env[ENV_PREFETCH_DEBUG_KEEP_CAP] is not None)
         assert (env[ENV_PREFETCH_RANDOM] == "1") == spec.exact and (env[ENV_PREFETCH_WAIT] == "1") == spec.wait
+        assert (env[ENV_PREFETCH_ORDER] == "hits") == spec.hits
     with pytest.raises(ValueError, match="keep_cap"):
         run_env("route+lru", None, False)  # an LRU of no size would prove nothing
 
@@ -380,6 +386,7 @@ def test_every_qualifier_is_pinned_per_mode():
 _ROUTED = {
     "route": 1, "route_bytes": 0, "route_resident": 4096, "prefetch_failed": 0,
     "wait": 0, "keep": 0, "keep_evicted": 0, "keep_capacity": -1, "spec_skipped": 0, "spec_unused": 0,
+    "order": 0, "order_marked": 0, "order_reordered": 0,
 }  # fmt: skip
 
 
@@ -403,6 +410,26 @@ def test_the_counters_prove_wait_and_lru():
     assert route_problem(good | {"wait": 1, "spec_unused": 3}, guessing, 6) is None
     assert route_problem(good | {"wait": 1, "spec_skipped": 1}, guessing, 6) is None
     assert "not asked for" in keep_wait_problem(_ROUTED | {"keep": 1}, parse_mode("block+read"))
+
+
+def test_the_counters_prove_hits_first():
+    """+hits passes only with the counters' order 1 and marked matmuls, and with +lru (whose page-outs
+    leave routed experts being read as their matmuls start) only when ggml-cpu took a run out of index
+    order: a mark ggml-cpu never read fails; a mode that does not ask for it fails where it is on."""
+    hits, lru_hits = parse_mode("route+hits"), parse_mode("route+lru+hits")
+    assert hits == ModeSpec("off", 1, None, route=True, hits=True)
+    on = _ROUTED | {"order": 1, "order_marked": 24, "order_reordered": 0}
+    assert route_problem(on, hits) is None  # resident, nothing to reorder: the marks prove the graph
+    assert "ORDER=hits was asked for, the context's counters show order 0" in route_problem(_ROUTED, hits)
+    assert "marked no expert matmul" in route_problem(on | {"order_marked": 0}, hits)
+    assert "ORDER=hits was not asked for" in route_problem(on, parse_mode("route"))
+    lru = on | {"keep": 1, "keep_evicted": 12, "keep_capacity": 6}
+    assert "never took the experts out of index order" in route_problem(lru, lru_hits, 6)
+    assert route_problem(lru | {"order_reordered": 3}, lru_hits, 6) is None
+    assert run_env("route+lru+hits", None, False, keep_cap=6)[ENV_PREFETCH_ORDER] == "hits"
+    assert run_env("route+lru", None, False, keep_cap=6)[ENV_PREFETCH_ORDER] is None
+    with pytest.raises(ValueError, match="in the order exact\\+wait\\+lru\\+hits"):
+        parse_mode("route+hits+lru")
 
 
 def test_the_header_proves_the_call_exact_and_wait():

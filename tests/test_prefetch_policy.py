@@ -1,5 +1,5 @@
 """The prefetch consumer's policy (ONEBIT_MOE_PREFETCH*): onebit_predict.policy.parse_prefetch
-against every `prefetch`, `route`, `wait` and `keep` case of ctest_port/cases.tsv and its exact
+against every `prefetch`, `route`, `wait`, `keep` and `order` case of ctest_port/cases.tsv and its exact
 warning texts; then the C++ onebit_prefetch_parse (through cffi) against the same cases, and against
 the Python policy on random and malformed environments: same fields, same warnings.
 
@@ -14,7 +14,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ctest_port.cases import GuardCase, KeepCase, PrefetchCase, RoomCase, RouteCase, WaitCase, read_cases
+from ctest_port.cases import (
+    GuardCase,
+    KeepCase,
+    OrderCase,
+    PrefetchCase,
+    RoomCase,
+    RouteCase,
+    WaitCase,
+    read_cases,
+)
 from onebit_predict import constants as k
 from onebit_predict.policy import PrefetchEnv, PrefetchPolicy, parse_prefetch, prefetch_mode_name
 
@@ -22,6 +31,7 @@ CASES = [c for c in read_cases() if isinstance(c, PrefetchCase)]
 ROUTE_CASES = [c for c in read_cases() if isinstance(c, RouteCase)]
 WAIT_CASES = [c for c in read_cases() if isinstance(c, WaitCase)]
 KEEP_CASES = [c for c in read_cases() if isinstance(c, KeepCase)]
+ORDER_CASES = [c for c in read_cases() if isinstance(c, OrderCase)]
 WARN_CAP = 1 << 16
 LIMIT = k.PREFETCH_MAX_BYTES_LIMIT
 
@@ -74,6 +84,17 @@ def test_parse_keep(case: KeepCase) -> None:
     assert (p.keep, len(warnings)) == case[3:]
 
 
+def test_there_are_order_cases() -> None:
+    assert len(ORDER_CASES) >= 30
+    assert {c.order for c in ORDER_CASES} == {k.ORDER_INDEX, k.ORDER_HITS}
+
+
+@pytest.mark.parametrize("case", ORDER_CASES, ids=lambda c: f"line{c.line}")
+def test_parse_order(case: OrderCase) -> None:
+    p, warnings = parse_prefetch(case.env, case.predict_mode)
+    assert (p.order, len(warnings)) == case[3:]
+
+
 def test_from_environ() -> None:
     environ = {
         "ONEBIT_MOE_PREFETCH": "read",
@@ -109,6 +130,14 @@ def test_from_environ() -> None:
         ),
         [],
     )
+    ordered = {"ONEBIT_MOE_PREFETCH": "pread", "ONEBIT_MOE_PREFETCH_ROUTE": "1", "ONEBIT_MOE_PREFETCH_ORDER": "Hits "}
+    assert PrefetchEnv.from_environ(ordered) == PrefetchEnv(mode="pread", route="1", order="Hits ")
+    assert parse_prefetch(PrefetchEnv.from_environ(ordered), k.MODE_OFF) == (
+        PrefetchPolicy(
+            mode=k.PREFETCH_PREAD, n_threads=k.PREFETCH_THREADS_DEFAULT, max_bytes=0, route=True, order=k.ORDER_HITS
+        ),
+        [],
+    )
 
 
 def test_every_variable_is_read() -> None:
@@ -119,6 +148,7 @@ def test_every_variable_is_read() -> None:
     assert k.ENV_PREFETCH_ROUTE in k.ENV_ALL and k.ENV_PREFETCH_RANDOM in k.ENV_ALL
     assert k.ENV_PREFETCH_WAIT in k.ENV_ALL and "wait" in PrefetchEnv._fields
     assert k.ENV_PREFETCH_KEEP in k.ENV_ALL and "keep" in PrefetchEnv._fields
+    assert k.ENV_PREFETCH_ORDER in k.ENV_ALL and "order" in PrefetchEnv._fields
 
 
 def test_defaults() -> None:
@@ -277,6 +307,85 @@ def test_keep_warning_texts(env: PrefetchEnv, predict_mode: int, texts: list[str
     assert (p.mode, p.route, p.wait, p.keep) == parsed
 
 
+ORDER_BAD = "is not one of index|hits; using index"
+ORDER_NEEDS = "ONEBIT_MOE_PREFETCH_ORDER=hits needs route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1); ignored"
+# (env, predict mode, the warnings in C's order: the call, _ROUTE, _RANDOM, their needs, _WAIT, its need,
+# _KEEP, its need, _ORDER, its need; the call, route, keep, order as parsed)
+ORDER_TEXTS = [
+    # hits without route: one warning, index
+    (PrefetchEnv(order="hits"), k.MODE_OFF, [ORDER_NEEDS], (k.PREFETCH_OFF, False, k.KEEP_KERNEL, k.ORDER_INDEX)),
+    (
+        PrefetchEnv(mode="read", order="\tHits "),
+        k.MODE_ROUTER,
+        [ORDER_NEEDS],
+        (k.PREFETCH_READ, False, k.KEEP_KERNEL, k.ORDER_INDEX),
+    ),
+    # a bad value, with route and without: the raw value quoted, index, never the need as well
+    (
+        PrefetchEnv(route="1", order=" HOT\t"),
+        k.MODE_OFF,
+        [f"ONEBIT_MOE_PREFETCH_ORDER=' HOT\t' {ORDER_BAD}"],
+        (k.PREFETCH_ROUTE_CALL, True, k.KEEP_KERNEL, k.ORDER_INDEX),
+    ),
+    (
+        PrefetchEnv(order="hits2"),
+        k.MODE_BLOCK,
+        [f"ONEBIT_MOE_PREFETCH_ORDER='hits2' {ORDER_BAD}"],
+        (k.PREFETCH_OFF, False, k.KEEP_KERNEL, k.ORDER_INDEX),
+    ),
+    # hits with lru: both kept, no warning
+    (
+        PrefetchEnv(mode="pread", route="1", keep="lru", order="HITS"),
+        k.MODE_OFF,
+        [],
+        (k.PREFETCH_PREAD, True, k.KEEP_LRU, k.ORDER_HITS),
+    ),
+    # hits with advise and route: kept (it needs route alone)
+    (
+        PrefetchEnv(mode="advise", route="1", order="hits"),
+        k.MODE_ROUTER,
+        [],
+        (k.PREFETCH_ADVISE, True, k.KEEP_KERNEL, k.ORDER_HITS),
+    ),
+    # neither has route: keep's warning, then order's
+    (
+        PrefetchEnv(mode="read", keep="lru", order="hits"),
+        k.MODE_LEARNED,
+        [KEEP_NEEDS, ORDER_NEEDS],
+        (k.PREFETCH_READ, False, k.KEEP_KERNEL, k.ORDER_INDEX),
+    ),
+    # every warning of the two at once, in order: the call, its need, the keep's value, order's value
+    (
+        PrefetchEnv(mode="populate", keep="most-recent", order="hottest"),
+        k.MODE_OFF,
+        [
+            "ONEBIT_MOE_PREFETCH=populate needs ONEBIT_MOE_PREDICT=router, block or learned, "
+            "or ONEBIT_MOE_PREFETCH_ROUTE=1; using off",
+            f"ONEBIT_MOE_PREFETCH_KEEP='most-recent' {KEEP_BAD}",
+            f"ONEBIT_MOE_PREFETCH_ORDER='hottest' {ORDER_BAD}",
+        ],
+        (k.PREFETCH_OFF, False, k.KEEP_KERNEL, k.ORDER_INDEX),
+    ),
+    # a bad ROUTE value: route 0, so hits is dropped after the route's warning
+    (
+        PrefetchEnv(route="maybe", order="hits"),
+        k.MODE_OFF,
+        [
+            "ONEBIT_MOE_PREFETCH_ROUTE='maybe' is not one of 1|0|true|false|yes|no|on|off; using 0",
+            ORDER_NEEDS,
+        ],
+        (k.PREFETCH_OFF, False, k.KEEP_KERNEL, k.ORDER_INDEX),
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "predict_mode", "texts", "parsed"), ORDER_TEXTS)
+def test_order_warning_texts(env: PrefetchEnv, predict_mode: int, texts: list[str], parsed: tuple) -> None:
+    p, warnings = parse_prefetch(env, predict_mode)
+    assert warnings == texts
+    assert (p.mode, p.route, p.keep, p.order) == parsed
+
+
 def test_prefetch_mode_name() -> None:
     assert [prefetch_mode_name(m) for m in range(-1, 6)] == ["off", "off", "advise", "read", "populate", "pread", "off"]
 
@@ -334,9 +443,11 @@ def c_parse_prefetch(c_policy, env: PrefetchEnv, predict_mode: int) -> tuple[Pre
         random=bool(out.random),
         wait=bool(out.wait),
         keep=out.keep,
+        order=out.order,
     )
     assert {out.speculative, out.route, out.random, out.wait} <= {0, 1}
     assert out.keep in k.KEEP_NAMES
+    assert out.order in k.ORDER_NAMES
     return policy, n_warn, ffi.string(warn).decode()
 
 
@@ -360,6 +471,7 @@ def test_c_constants(c_policy) -> None:
     ) == (k.PREFETCH_OFF, k.PREFETCH_ADVISE, k.PREFETCH_READ, k.PREFETCH_POPULATE, k.PREFETCH_PREAD)
     assert lib.ONEBIT_PREFETCH_ROUTE_CALL == k.PREFETCH_ROUTE_CALL
     assert (lib.ONEBIT_KEEP_KERNEL, lib.ONEBIT_KEEP_LRU) == (k.KEEP_KERNEL, k.KEEP_LRU)
+    assert (lib.ONEBIT_ORDER_INDEX, lib.ONEBIT_ORDER_HITS) == (k.ORDER_INDEX, k.ORDER_HITS)
     assert lib.ONEBIT_PREFETCH_THREADS_DEFAULT == k.PREFETCH_THREADS_DEFAULT
     assert lib.ONEBIT_PREFETCH_THREADS_MAX == k.PREFETCH_THREADS_MAX
     assert lib.ONEBIT_PREFETCH_MAX_BYTES_LIMIT == k.PREFETCH_MAX_BYTES_LIMIT
@@ -413,6 +525,19 @@ def test_c_keep_warning_texts(c_policy, env: PrefetchEnv, predict_mode: int, tex
     assert (p.mode, p.route, p.wait, p.keep) == parsed
 
 
+@pytest.mark.parametrize("case", ORDER_CASES, ids=lambda c: f"line{c.line}")
+def test_c_parse_order(c_policy, case: OrderCase) -> None:
+    p, n_warn = assert_prefetch_parity(c_policy, case.env, case.predict_mode)
+    assert (p.order, n_warn) == case[3:]
+
+
+@pytest.mark.parametrize(("env", "predict_mode", "texts", "parsed"), ORDER_TEXTS)
+def test_c_order_warning_texts(c_policy, env: PrefetchEnv, predict_mode: int, texts: list[str], parsed: tuple) -> None:
+    p, _, text = c_parse_prefetch(c_policy, env, predict_mode)
+    assert text == "\n".join(texts)
+    assert (p.mode, p.route, p.keep, p.order) == parsed
+
+
 def test_c_prefetch_mode_name(c_policy) -> None:
     ffi, lib = c_policy
     for mode in range(-2, 7):
@@ -430,6 +555,8 @@ WORDS = [
     "pread",
     "kernel",
     "lru",
+    "index",
+    "hits",
     "on",
     "madvise",
     "router",

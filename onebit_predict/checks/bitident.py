@@ -49,6 +49,7 @@ from ..constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_KEEP_CAP,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
@@ -80,11 +81,11 @@ MODES = (
     "route",
     "block+populate+route",
     "pread+route+exact+wait",
-    "route+lru",
+    "route+lru+hits",
     "block+pread+route+wait+lru",
 )
 ROUTE = "route"  # route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1): the last part before its qualifiers
-QUALIFIERS = ("exact", "wait", "lru")  # route time's qualifiers, after +route, in this order
+QUALIFIERS = ("exact", "wait", "lru", "hits")  # route time's qualifiers, after +route, in this order
 KEEP_CAP_EXTRA = 2  # +lru holds n_expert_used + this many experts (ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP): it evicts
 N_PREFILL = 24
 N_DECODE = 16
@@ -207,6 +208,7 @@ class ModeSpec:
     exact: bool = False  # +exact: ONEBIT_MOE_PREFETCH_RANDOM=1
     wait: bool = False  # +wait: ONEBIT_MOE_PREFETCH_WAIT=1
     lru: bool = False  # +lru: ONEBIT_MOE_PREFETCH_KEEP=lru
+    hits: bool = False  # +hits: ONEBIT_MOE_PREFETCH_ORDER=hits
 
     @property
     def call(self) -> str:
@@ -257,7 +259,7 @@ def _head(mode: str, head: list[str], route: bool) -> tuple[str, int, str | None
 
 
 def parse_mode(mode: str) -> ModeSpec:
-    """``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru]]``, ``[CALL+]route[+exact][+wait][+lru]``
+    """``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru][+hits]]``, ``[CALL+]route[+exact][+wait][+lru][+hits]``
     or ``off`` (the reference) as a ModeSpec; ValueError naming what is unknown or misplaced."""
     if mode == "off":
         return ModeSpec("off", 1, None)
@@ -268,7 +270,9 @@ def parse_mode(mode: str) -> ModeSpec:
     predictor, ahead, consumer = _head(mode, head, route)
     if "wait" in quals and consumer == PREFETCH_NAMES[PREFETCH_ADVISE]:
         raise _bad(mode, "+wait needs a call that finishes its reads (read, populate or pread), not advise")
-    return ModeSpec(predictor, ahead, consumer, route, "exact" in quals, "wait" in quals, "lru" in quals)
+    return ModeSpec(
+        predictor, ahead, consumer, route, "exact" in quals, "wait" in quals, "lru" in quals, "hits" in quals
+    )
 
 
 def split_mode(mode: str) -> tuple[str, str | None]:
@@ -339,6 +343,7 @@ def run_env(
     env[ENV_PREFETCH_WAIT] = "1" if spec.wait else None
     env[ENV_PREFETCH_KEEP] = "lru" if spec.lru else None
     env[ENV_PREFETCH_DEBUG_KEEP_CAP] = str(keep_cap) if spec.lru else None
+    env[ENV_PREFETCH_ORDER] = "hits" if spec.hits else None
     env[ENV_OUT] = str(trace) if trace else None
     env[ENV_DEBUG_LEAK] = DEBUG_LEAK_UNCHECKED if leak else None
     env[ENV_LEARNED] = str(learned) if spec.predictor == "learned" and learned is not None else None
@@ -379,13 +384,25 @@ def route_problem(
 
 
 def keep_wait_problem(stats: dict[str, int], spec: ModeSpec, keep_cap: int | None = None) -> str | None:
-    """Why the counters' ``wait`` and ``keep`` are not those ``spec`` asks for, or None."""
+    """Why the counters' ``wait``, ``order`` and ``keep`` are not those ``spec`` asks for, or None: +hits
+    must have marked expert matmuls and, with +lru (whose page-outs leave routed experts being read when
+    their matmuls start), have taken them out of index order at least once."""
     if stats.get("wait", 0) != int(spec.wait):
         asked = "was asked for" if spec.wait else "was not asked for"
         return f"ONEBIT_MOE_PREFETCH_WAIT=1 {asked}, the context's counters show wait {stats.get('wait')}"
     if stats.get("keep", 0) != int(spec.lru):
         asked = "was asked for" if spec.lru else "was not asked for"
         return f"ONEBIT_MOE_PREFETCH_KEEP=lru {asked}, the context's counters show keep {stats.get('keep')}"
+    if stats.get("order", 0) != int(spec.hits):
+        asked = "was asked for" if spec.hits else "was not asked for"
+        return f"ONEBIT_MOE_PREFETCH_ORDER=hits {asked}, the context's counters show order {stats.get('order')}"
+    if spec.hits:
+        if stats["order_marked"] == 0:
+            return "ONEBIT_MOE_PREFETCH_ORDER=hits marked no expert matmul in the graphs built"
+        if spec.lru and stats["order_reordered"] == 0:
+            # the LRU pages experts out, so a routed one is read while its layer's matmuls start:
+            # ggml-cpu must have taken a resident one before it at least once
+            return "ONEBIT_MOE_PREFETCH_ORDER=hits never took the experts out of index order (ggml-cpu's mark unread?)"
     if spec.lru:
         if keep_cap is not None and stats["keep_capacity"] != keep_cap:
             got = stats["keep_capacity"]
@@ -522,7 +539,9 @@ def run_problem(
         return 0, written, mode
     spec = parse_mode(mode)
     header = Trace.open(path).header
-    lru = "+lru" if stats is not None and stats.get("keep") else ""
+    lru = ("+lru" if stats is not None and stats.get("keep") else "") + (
+        "+hits" if stats is not None and stats.get("order") else ""
+    )
     if spec.predictor == "off":  # route time alone: nothing predicted, the predictor off as asked
         ran = MODE_NAMES.get(header.mode, "?")
         if ran != "off":

@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
         "K = 1..3 layers ahead), optionally +advise, +read, +populate or +pread (the prefetch consumer's call), "
         "optionally +route (route-time reads); or route alone, or CALL+route (route time, the predictor off); "
         "after +route, in this order, optionally +exact (readahead off), +wait (the route-time op waits for "
-        "its reads; not with advise), +lru (an LRU over whole experts, held small so that it evicts)",
+        "its reads; not with advise), +lru (an LRU over whole experts, held small so that it evicts), +hits "
+        "(the expert matmuls take resident experts first)",
     )
     p.add_argument(
         "--scenarios",

@@ -74,13 +74,15 @@ def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
     time's expert LRU, with a predictor's guesses in its room for them (costmodel/keep.py); route time's
-    wait (not with advise); the workers' pread."""
+    wait (not with advise); the workers' pread. Not the matmuls' hits-first order (ONEBIT_MOE_PREFETCH_ORDER)."""
     if config is None:
         return False
     if config.wait and (not config.route or config.consumer == "advise"):
         return False
     if config.keep not in (None, "kernel") and not config.route:
         return False
+    if config.order not in (None, "index"):
+        return False  # the model has no order within a layer's matmuls: hits first is not played
     if config.is_off:
         return True
     h = routing.header

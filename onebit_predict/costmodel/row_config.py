@@ -67,6 +67,7 @@ from ..constants import (
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
@@ -162,6 +163,7 @@ class RowConfig:
     drive: str | None = knob(None, "drive", str, choices=DRIVES, bare=True)  # where the model was read from
     wait: int | None = knob(ENV_PREFETCH_WAIT, "wait", int, low=0)  # route time: the layer waits for its reads
     keep: str | None = knob(ENV_PREFETCH_KEEP, "keep", str, choices=("kernel", "lru"))  # what stays cached
+    order: str | None = knob(ENV_PREFETCH_ORDER, "order", str, choices=("index", "hits"))  # the matmuls' order
 
     def __post_init__(self) -> None:
         if self.predictor is not None and self.predictor not in PREDICTORS:

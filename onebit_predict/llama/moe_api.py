@@ -34,6 +34,7 @@ from ..constants import (
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_KEEP,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
@@ -69,6 +70,7 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("prefetch_wait", ENV_PREFETCH_WAIT),
     ("prefetch_keep", ENV_PREFETCH_KEEP),
     ("prefetch_debug_keep_cap", ENV_PREFETCH_DEBUG_KEEP_CAP),
+    ("prefetch_order", ENV_PREFETCH_ORDER),
 )
 
 

@@ -38,6 +38,9 @@ class OnebitMoeStats(ctypes.Structure):
         ("keep_capacity", _i64),
         ("spec_skipped", _u64),
         ("spec_unused", _u64),
+        ("order", _i32),
+        ("order_marked", _u64),
+        ("order_reordered", _u64),
     ]
 
 
