@@ -79,7 +79,7 @@ class OrderCase(NamedTuple):
     line: int
     env: PrefetchEnv  # ONEBIT_MOE_PREFETCH, _ROUTE and _ORDER (the other knobs unset)
     predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
-    order: int  # in what order the expert matmuls take a layer's experts: ORDER_INDEX or ORDER_HITS
+    order: int  # the order of a layer's reads and expert matmuls: ORDER_INDEX or ORDER_HITS
     n_warnings: int
 
 

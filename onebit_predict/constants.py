@@ -42,7 +42,7 @@ ENV_PREFETCH_ROUTE = "ONEBIT_MOE_PREFETCH_ROUTE"  # also read each layer's route
 ENV_PREFETCH_RANDOM = "ONEBIT_MOE_PREFETCH_RANDOM"  # readahead off on the expert tensors (MADV_RANDOM)
 ENV_PREFETCH_WAIT = "ONEBIT_MOE_PREFETCH_WAIT"  # the route-time op waits for its layer's reads
 ENV_PREFETCH_KEEP = "ONEBIT_MOE_PREFETCH_KEEP"  # what decides which experts stay cached: kernel or lru
-ENV_PREFETCH_ORDER = "ONEBIT_MOE_PREFETCH_ORDER"  # the order of a layer's expert matmuls: index or hits
+ENV_PREFETCH_ORDER = "ONEBIT_MOE_PREFETCH_ORDER"  # the order of a layer's reads and expert matmuls: index or hits
 # the MoE compensator's GGUF sidecar (docs/int2.md): changes the output, so never set by a bit-identity check
 ENV_COMPENSATOR = "ONEBIT_MOE_COMPENSATOR"
 # a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
@@ -99,8 +99,8 @@ PREFETCH_NAMES = {
 KEEP_KERNEL = 0  # the kernel's page reclaim decides which experts stay cached
 KEEP_LRU = 1  # an LRU over whole experts sized to the room; the consumer pages out what it evicts
 KEEP_NAMES = {KEEP_KERNEL: "kernel", KEEP_LRU: "lru"}
-ORDER_INDEX = 0  # ggml's: a layer's expert matmuls take its experts by index
-ORDER_HITS = 1  # the resident experts first, then the ones read furthest (ggml-cpu's onebit-mmid-order.h)
+ORDER_INDEX = 0  # route reads expert by expert; ggml's matmuls take a layer's experts by index
+ORDER_HITS = 1  # reads tensor by tensor as the matmuls use them; resident experts first (onebit-mmid-order.h)
 ORDER_NAMES = {ORDER_INDEX: "index", ORDER_HITS: "hits"}
 PREFETCH_ROUTE_CALL = PREFETCH_READ  # the call route-time reads make when ONEBIT_MOE_PREFETCH names none
 

@@ -410,7 +410,7 @@ class PrefetchPolicy:
     random: bool = False  # readahead off on the expert tensors (MADV_RANDOM): faults read single pages
     wait: bool = False  # the route-time op waits for its layer's reads: the matmuls never fault on a routed expert
     keep: int = KEEP_KERNEL  # what decides which experts stay cached (KEEP_NAMES)
-    order: int = ORDER_INDEX  # in what order the expert matmuls take a layer's experts (ORDER_NAMES)
+    order: int = ORDER_INDEX  # the order of a layer's route-time reads and expert matmuls (ORDER_NAMES)
 
 
 def prefetch_mode_name(mode: int) -> str:
@@ -445,7 +445,7 @@ class _Reads(NamedTuple):
     random: bool  # readahead off on the expert tensors
     wait: bool  # the route-time op waits for its layer's reads
     keep: int  # what decides which experts stay cached
-    order: int  # in what order the expert matmuls take a layer's experts
+    order: int  # the order of a layer's route-time reads and expert matmuls
 
 
 def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _Reads:
