@@ -2,14 +2,14 @@
 
 Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router, block and
 learned, and with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
-``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru]]`` or ``[CALL+]route[+exact][+wait][+lru]``,
+``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru][+hits]]`` or ``[CALL+]route[+exact][+wait][+lru][+hits]``,
 ``@K`` predicting K layers ahead, ``CALL`` the consumer's call (advise, read, populate, pread),
 ``+route`` reading each layer's routed experts at route time, ``route`` without a predictor part
 route time with the predictor off; after ``+route``, in this order, ``+exact`` readahead off on the
 expert tensors (ONEBIT_MOE_PREFETCH_RANDOM=1), ``+wait`` the route-time op waiting for its layer's
 reads (ONEBIT_MOE_PREFETCH_WAIT=1, not with advise), ``+lru`` the LRU over whole experts
 (ONEBIT_MOE_PREFETCH_KEEP=lru) held to n_expert_used + 2 experts so that it evicts on a resident
-model), in several scenarios
+model, ``+hits`` the order of the reads and matmuls (ONEBIT_MOE_PREFETCH_ORDER=hits)), in several scenarios
 (multi-ubatch prefill then single-token decode; two sequences in one batch; a state save and
 restore in the middle; flash attention on and off; 1 and 2 threads; a 128-token prompt in ubatches
 of 64, where a ubatch routes nearly every expert), and compares every logits
@@ -22,7 +22,8 @@ show that it routes and that its op looked at the routed experts. Every route-ti
 proven both ways, asked for or not: the header's route, random (``+exact``) and wait flags and
 its call (``route`` alone: read), the counters' ``wait`` and ``keep`` (``+lru``: 1, with an
 eviction and the capacity the check set, and with a predictor a guess the LRU's room for guesses
-skipped or paged out). A trace that was not written
+skipped or paged out) and ``order`` (``+hits``: 1, with expert matmuls marked and, with ``+lru``,
+runs taken out of index order). A trace that was not written
 whole (none at all, shorter than its header, INCOMPLETE or still OPEN:
 ``trace_written.written_problem``, e.g. ``--keep-traces`` on a full disk) fails its mode with that
 reason, never with what its missing bytes would seem to say.
@@ -532,14 +533,14 @@ def run_problem(
     """prediction_problem, after the header has shown that the run was the one asked for
     (settings_problem, and knob_problem: the call and route time's flags): a mode that did not
     run as asked, or a control that was not applied, fails with the reason. A trace not written
-    whole fails first, with written_problem's reason. The mode it ran ends in ``+lru`` where the
-    context's counters ``stats`` (when given) show the LRU on: the header does not record it."""
+    whole fails first, with written_problem's reason. The mode it ran ends in ``+lru`` and ``+hits`` where
+    the context's counters ``stats`` (when given) show the LRU and the order on: the header records neither."""
     written = written_problem(path)
     if written is not None:
         return 0, written, mode
     spec = parse_mode(mode)
     header = Trace.open(path).header
-    lru = ("+lru" if stats is not None and stats.get("keep") else "") + (
+    counted = ("+lru" if stats is not None and stats.get("keep") else "") + (
         "+hits" if stats is not None and stats.get("order") else ""
     )
     if spec.predictor == "off":  # route time alone: nothing predicted, the predictor off as asked
@@ -548,11 +549,11 @@ def run_problem(
             return 0, f"the predictor off was asked for, the trace records {ran}", ROUTE
         # route alone records route time's own call (read): named only where the mode named one, or it differs
         named = spec.consumer is not None or header.prefetch_name != spec.call
-        ran = (header.prefetch_name + "+" if named else "") + (_ran_suffix(header, spec) + lru).lstrip("+")
+        ran = (header.prefetch_name + "+" if named else "") + (_ran_suffix(header, spec) + counted).lstrip("+")
         return 0, knob_problem(header, spec), ran or "off"
     predicted, problem, ran = prediction_problem(path, n_routed, spec.consumer, spec.ahead)
     settings = settings_problem(header, spec.predictor, leak, spec.ahead)
-    return predicted, settings or knob_problem(header, spec) or problem, ran + _ran_suffix(header, spec) + lru
+    return predicted, settings or knob_problem(header, spec) or problem, ran + _ran_suffix(header, spec) + counted
 
 
 def check_model(
