@@ -83,6 +83,14 @@ class OrderCase(NamedTuple):
     n_warnings: int
 
 
+class LayersAheadCase(NamedTuple):
+    line: int
+    env: PrefetchEnv  # ONEBIT_MOE_PREFETCH, _ROUTE and _LAYERS (the other knobs unset)
+    predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
+    layers: int  # the whole layers a batch's route-time reads go ahead
+    n_warnings: int
+
+
 class KnobCase(NamedTuple):
     line: int
     api: str | None  # the C API's value (None: not given)
@@ -164,6 +172,7 @@ Case = (
     | WaitCase
     | KeepCase
     | OrderCase
+    | LayersAheadCase
 )
 
 
@@ -323,6 +332,14 @@ def _prefetch_case(line: int, f: list[str]) -> Case:
             PrefetchEnv(mode=_string(f[1]), route=_string(f[2]), order=_string(f[3])),
             MODES[f[4]],
             _order(f[5]),
+            int(f[6]),
+        )
+    if kind == "layers_ahead" and n == 7:
+        return LayersAheadCase(
+            line,
+            PrefetchEnv(mode=_string(f[1]), route=_string(f[2]), layers=_string(f[3])),
+            MODES[f[4]],
+            int(f[5]),
             int(f[6]),
         )
     raise CaseFormatError(f"unknown kind {kind!r} or wrong number of fields ({n})")

@@ -96,6 +96,7 @@ enum onebit_order {
 #define ONEBIT_PREFETCH_MAX_BYTES_LIMIT ...
 #define ONEBIT_PREFETCH_GUARD_DEFAULT ...
 #define ONEBIT_PREFETCH_GUARD_MAX ...
+#define ONEBIT_PREFETCH_LAYERS_MAX ...
 
 struct onebit_prefetch_env {
     const char * mode;
@@ -108,6 +109,7 @@ struct onebit_prefetch_env {
     const char * wait;
     const char * keep;
     const char * order;
+    const char * layers;
 };
 
 struct onebit_prefetch_policy {
@@ -122,6 +124,7 @@ struct onebit_prefetch_policy {
     int32_t wait;
     int32_t keep;
     int32_t order;
+    int32_t layers;
 };
 
 const char * onebit_prefetch_mode_name(int32_t mode);

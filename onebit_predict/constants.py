@@ -43,6 +43,7 @@ ENV_PREFETCH_RANDOM = "ONEBIT_MOE_PREFETCH_RANDOM"  # readahead off on the exper
 ENV_PREFETCH_WAIT = "ONEBIT_MOE_PREFETCH_WAIT"  # the route-time op waits for its layer's reads
 ENV_PREFETCH_KEEP = "ONEBIT_MOE_PREFETCH_KEEP"  # what decides which experts stay cached: kernel or lru
 ENV_PREFETCH_ORDER = "ONEBIT_MOE_PREFETCH_ORDER"  # the order of a layer's reads and expert matmuls: index or hits
+ENV_PREFETCH_LAYERS = "ONEBIT_MOE_PREFETCH_LAYERS"  # whole layers a batch's route-time reads go ahead, 0 = off
 # the MoE compensator's GGUF sidecar (docs/int2.md): changes the output, so never set by a bit-identity check
 ENV_COMPENSATOR = "ONEBIT_MOE_COMPENSATOR"
 # a benchmark control: every ubatch waits for its read-mode reads (onebit-bench --cold)
@@ -52,6 +53,8 @@ ENV_PREFETCH_DEBUG_ORACLE = "ONEBIT_MOE_PREFETCH_DEBUG_ORACLE"
 ENV_PREFETCH_DEBUG_KEEP_CAP = (
     "ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP"  # checks only: the LRU holds N experts, whatever the room
 )
+# a benchmark control: with layers, what becomes of a layer that ran: none, cold (MADV_COLD) or pageout (the default)
+ENV_PREFETCH_DEBUG_HANDBACK = "ONEBIT_MOE_PREFETCH_DEBUG_HANDBACK"
 
 # every variable libllama reads: a check that must not inherit the caller's settings sets or
 # clears each of them
@@ -82,6 +85,8 @@ ENV_ALL = (
     ENV_PREFETCH_KEEP,
     ENV_PREFETCH_DEBUG_KEEP_CAP,
     ENV_PREFETCH_ORDER,
+    ENV_PREFETCH_LAYERS,
+    ENV_PREFETCH_DEBUG_HANDBACK,
 )
 
 PREFETCH_OFF = 0
@@ -106,6 +111,7 @@ PREFETCH_ROUTE_CALL = PREFETCH_READ  # the call route-time reads make when ONEBI
 
 PREFETCH_THREADS_DEFAULT = 8  # workers blocked in reads: a drive with queue depth serves several at once
 PREFETCH_THREADS_MAX = 16
+PREFETCH_LAYERS_MAX = 8  # ONEBIT_MOE_PREFETCH_LAYERS is in [0, PREFETCH_LAYERS_MAX]
 PREFETCH_MAX_BYTES_LIMIT = 1 << 40  # 1 TiB: larger caps are a typo
 PREFETCH_GUARD_DEFAULT = 0  # tokens per probe: no guard unless asked
 PREFETCH_GUARD_MAX = 64

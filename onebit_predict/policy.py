@@ -36,6 +36,7 @@ from .constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_LAYERS,
     ENV_PREFETCH_MAX_BYTES,
     ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
@@ -54,6 +55,7 @@ from .constants import (
     PREFETCH_ADVISE,
     PREFETCH_GUARD_DEFAULT,
     PREFETCH_GUARD_MAX,
+    PREFETCH_LAYERS_MAX,
     PREFETCH_MAX_BYTES_LIMIT,
     PREFETCH_NAMES,
     PREFETCH_OFF,
@@ -378,6 +380,7 @@ class PrefetchEnv(NamedTuple):
     wait: str | None = None  # ONEBIT_MOE_PREFETCH_WAIT
     keep: str | None = None  # ONEBIT_MOE_PREFETCH_KEEP
     order: str | None = None  # ONEBIT_MOE_PREFETCH_ORDER
+    layers: str | None = None  # ONEBIT_MOE_PREFETCH_LAYERS
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> PrefetchEnv:
@@ -392,6 +395,7 @@ class PrefetchEnv(NamedTuple):
             ENV_PREFETCH_WAIT,
             ENV_PREFETCH_KEEP,
             ENV_PREFETCH_ORDER,
+            ENV_PREFETCH_LAYERS,
         )
         return cls(*(environ.get(name) for name in names))
 
@@ -411,6 +415,7 @@ class PrefetchPolicy:
     wait: bool = False  # the route-time op waits for its layer's reads: the matmuls never fault on a routed expert
     keep: int = KEEP_KERNEL  # what decides which experts stay cached (KEEP_NAMES)
     order: int = ORDER_INDEX  # the order of a layer's route-time reads and expert matmuls (ORDER_NAMES)
+    layers: int = 0  # whole layers a batch's route-time op reads ahead, 0 = off
 
 
 def prefetch_mode_name(mode: int) -> str:
@@ -436,6 +441,22 @@ def _parse_byte_count(t: str) -> int | None:
     return v * unit
 
 
+def _parse_capped(name: str, raw: str | None, default: int, cap: int, warnings: list[str]) -> int:
+    """A non-negative integer knob clamped to cap (C's parse of _GUARD and _LAYERS): unset or blank is
+    the default, as is a value that is not such an integer (warned); above cap it is clamped (warned)."""
+    t = _trim(raw)
+    if not t:
+        return default
+    v = _parse_uint(t)
+    if v is None:
+        warnings.append(f"{name}='{raw}' is not a non-negative integer; using {default}")
+        return default
+    if v > cap:
+        warnings.append(f"{name}={v} exceeds {cap}; clamped to {cap}")
+        return cap
+    return v
+
+
 class _Reads(NamedTuple):
     """What the consumer reads and with which call (the first fields onebit_prefetch_parse sets)."""
 
@@ -446,13 +467,14 @@ class _Reads(NamedTuple):
     wait: bool  # the route-time op waits for its layer's reads
     keep: int  # what decides which experts stay cached
     order: int  # the order of a layer's route-time reads and expert matmuls
+    layers: int  # whole layers a batch's route-time op reads ahead
 
 
 def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _Reads:
-    """ONEBIT_MOE_PREFETCH, _ROUTE, _RANDOM, _WAIT, _KEEP and _ORDER: speculative reads need a call
-    and a predictor; route-time reads need neither and use PREFETCH_ROUTE_CALL when no call is named;
-    readahead off needs the consumer on; the wait needs route-time reads by a call that finishes
-    them; keep=lru and order=hits need route-time reads (any call)."""
+    """ONEBIT_MOE_PREFETCH, _ROUTE, _RANDOM, _WAIT, _KEEP, _ORDER and _LAYERS: speculative reads need
+    a call and a predictor; route-time reads need neither and use PREFETCH_ROUTE_CALL when no call is
+    named; readahead off needs the consumer on; the wait needs route-time reads by a call that
+    finishes them; keep=lru, order=hits and layers need route-time reads (any call)."""
     mode = _parse_prefetch_mode(env.mode, warnings)
     route = _parse_bool(ENV_PREFETCH_ROUTE, env.route, warnings)
     random = _parse_bool(ENV_PREFETCH_RANDOM, env.random, warnings)
@@ -485,7 +507,11 @@ def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _R
     if order != ORDER_INDEX and not route:
         warnings.append(f"{ENV_PREFETCH_ORDER}=hits needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")
         order = ORDER_INDEX
-    return _Reads(mode, speculative, route, random, wait, keep, order)
+    layers = _parse_capped(ENV_PREFETCH_LAYERS, env.layers, 0, PREFETCH_LAYERS_MAX, warnings)
+    if layers > 0 and not route:
+        warnings.append(f"{ENV_PREFETCH_LAYERS}={layers} needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")
+        layers = 0
+    return _Reads(mode, speculative, route, random, wait, keep, order, layers)
 
 
 def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy, list[str]]:
@@ -526,19 +552,7 @@ def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy,
         else:
             n_threads = v
 
-    guard = PREFETCH_GUARD_DEFAULT
-    t = _trim(env.guard)
-    if t:
-        v = _parse_uint(t)
-        if v is None:
-            warnings.append(
-                f"{ENV_PREFETCH_GUARD}='{env.guard}' is not a non-negative integer; using {PREFETCH_GUARD_DEFAULT}"
-            )
-        elif v > PREFETCH_GUARD_MAX:
-            warnings.append(f"{ENV_PREFETCH_GUARD}={v} exceeds {PREFETCH_GUARD_MAX}; clamped to {PREFETCH_GUARD_MAX}")
-            guard = PREFETCH_GUARD_MAX
-        else:
-            guard = v
+    guard = _parse_capped(ENV_PREFETCH_GUARD, env.guard, PREFETCH_GUARD_DEFAULT, PREFETCH_GUARD_MAX, warnings)
 
     room = PREFETCH_ROOM_DEFAULT
     t = _trim(env.room)
@@ -567,5 +581,6 @@ def parse_prefetch(env: PrefetchEnv, predict_mode: int) -> tuple[PrefetchPolicy,
         wait=reads.wait,
         keep=reads.keep,
         order=reads.order,
+        layers=reads.layers,
     )
     return policy, warnings

@@ -98,11 +98,33 @@ def test_the_order_fields_are_held_to_c(tmp_path):
     params = [f[0] for f in OnebitMoeParams._fields_]
     stats = [f[0] for f in OnebitMoeStats._fields_]
     at_params = params.index("prefetch_debug_keep_cap")
-    assert params[at_params:] == ["prefetch_debug_keep_cap", "prefetch_order"]
+    assert params[at_params : at_params + 2] == ["prefetch_debug_keep_cap", "prefetch_order"]
     at = stats.index("spec_unused")
-    assert stats[at:] == ["spec_unused", "order", "order_marked", "order_reordered"]
+    assert stats[at : at + 4] == ["spec_unused", "order", "order_marked", "order_reordered"]
     types = dict(OnebitMoeStats._fields_)
-    assert [types[f] for f in stats[at + 1 :]] == [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]
+    assert [types[f] for f in stats[at + 1 : at + 4]] == [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64]
+    for cls, name, fields in (
+        (OnebitMoeParams, "onebit_moe_params", params[at_params : at_params + 2]),
+        (OnebitMoeStats, "onebit_moe_stats", stats[at : at + 4]),
+    ):
+        size, offsets = c_layout(tmp_path, name, fields)
+        assert ctypes.sizeof(cls) == size
+        assert [getattr(cls, f).offset for f in fields] == offsets
+
+
+def test_the_layers_fields_are_held_to_c(tmp_path):
+    """The fields ONEBIT_MOE_PREFETCH_LAYERS added, last: ``prefetch_layers`` and
+    ``prefetch_debug_handback`` of the params (after ``prefetch_order``), ``layers``, ``layers_ops``,
+    ``layers_bytes`` and ``layers_cut`` of the stats (after ``order_reordered``: an i32, then three u64
+    on 8 bytes), at C's offsets, the structures ending there."""
+    params = [f[0] for f in OnebitMoeParams._fields_]
+    stats = [f[0] for f in OnebitMoeStats._fields_]
+    at_params = params.index("prefetch_order")
+    assert params[at_params:] == ["prefetch_order", "prefetch_layers", "prefetch_debug_handback"]
+    at = stats.index("order_reordered")
+    assert stats[at:] == ["order_reordered", "layers", "layers_ops", "layers_bytes", "layers_cut"]
+    types = dict(OnebitMoeStats._fields_)
+    assert [types[f] for f in stats[at + 1 :]] == [ctypes.c_int32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64]
     for cls, name, fields in (
         (OnebitMoeParams, "onebit_moe_params", params[at_params:]),
         (OnebitMoeStats, "onebit_moe_stats", stats[at:]),

@@ -148,8 +148,8 @@ def test_every_report_row_carries_its_configuration(tmp_path):
     assert report["rows"][-1]["config"] == {"predictor": "router", "consumer": "advise", "oracle": True,
                                             "route": False, "random": False, "ahead": None, "depth": None,
                                             "guard": None, "room": None, "workers": None, "read_ahead_kb": None,
-                                            "drive": None, "wait": None, "keep": None,
-                                                "order": None}  # fmt: skip
+                                            "drive": None, "wait": None, "keep": None, "order": None,
+                                            "layers": None, "handback": None}  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(report))
     back = load_measured(tmp_path / "r.json")
     assert back.knobs_recorded and [r.config for r in back.rows] == [c.config for c in memory_configs(tmp_path, 16)]

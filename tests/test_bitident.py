@@ -36,6 +36,7 @@ from onebit_predict.constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_KEEP_CAP,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_LAYERS,
     ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROUTE,
@@ -352,10 +353,11 @@ def test_bad_modes_are_usage_errors(tmp_path, capsys):
 
 def test_the_default_modes_cover_the_qualifiers():
     specs = [parse_mode(m) for m in MODES]
-    for want in ("pread+route+exact+wait", "route+lru+hits", "block+pread+route+wait+lru"):
+    for want in ("pread+route+exact+wait", "route+lru+hits+layers", "block+pread+route+wait+lru"):
         assert want in MODES
     assert any(s.exact for s in specs) and any(s.wait for s in specs) and any(s.lru for s in specs)
     assert any(s.hits and s.lru for s in specs)  # where the LRU's page-outs let the order be proved
+    assert any(s.layers for s in specs)
     assert {s.consumer for s in specs} >= set(CONSUMERS)  # pread among every call
 
 
@@ -364,12 +366,12 @@ def test_every_qualifier_is_pinned_per_mode():
     so nothing reaches a run from the caller's environment."""
     knobs = (
         ENV_PREFETCH, ENV_PREFETCH_RANDOM, ENV_PREFETCH_WAIT, ENV_PREFETCH_KEEP, ENV_PREFETCH_DEBUG_KEEP_CAP,
-        ENV_PREFETCH_ORDER,
+        ENV_PREFETCH_ORDER, ENV_PREFETCH_LAYERS,
     )  # fmt: skip
     assert {k: run_env("route", None, False)[k] for k in knobs} == dict.fromkeys(knobs)
-    env = run_env("pread+route+exact+wait+lru+hits", None, False, keep_cap=6)
+    env = run_env("pread+route+exact+wait+lru+hits+layers", None, False, keep_cap=6)
     assert set(env) == set(ENV_ALL)
-    assert [env[k] for k in knobs] == ["pread", "1", "1", "lru", "6", "hits"]
+    assert [env[k] for k in knobs] == ["pread", "1", "1", "lru", "6", "hits", "2"]
     assert env[ENV_MODE] is None and env[ENV_PREFETCH_ROUTE] == "1"
     env = run_env("block+pread+route+wait+lru", None, False, keep_cap=6)
     assert env[ENV_MODE] == "block" and env[ENV_PREFETCH_RANDOM] is None and env[ENV_PREFETCH_WAIT] == "1"
@@ -379,6 +381,7 @@ def test_every_qualifier_is_pinned_per_mode():
         assert (env[ENV_PREFETCH_KEEP] == "lru") == spec.lru == (env[ENV_PREFETCH_DEBUG_KEEP_CAP] is not None)
         assert (env[ENV_PREFETCH_RANDOM] == "1") == spec.exact and (env[ENV_PREFETCH_WAIT] == "1") == spec.wait
         assert (env[ENV_PREFETCH_ORDER] == "hits") == spec.hits
+        assert (env[ENV_PREFETCH_LAYERS] == "2") == spec.layers
     with pytest.raises(ValueError, match="keep_cap"):
         run_env("route+lru", None, False)  # an LRU of no size would prove nothing
 
@@ -430,6 +433,26 @@ def test_the_counters_prove_hits_first():
     assert run_env("route+lru", None, False, keep_cap=6)[ENV_PREFETCH_ORDER] is None
     with pytest.raises(ValueError, match="in the order exact\\+wait\\+lru\\+hits"):
         parse_mode("route+hits+lru")
+
+
+def test_the_counters_prove_layers_ahead():
+    """+layers passes only with the counters' layers at the 2 it set; a mode that does not ask for it
+    fails where it is on (the big prompt's ops that read ahead are checked by check_model, per scenario)."""
+    layers = parse_mode("route+lru+hits+layers")
+    assert layers == ModeSpec("off", 1, None, route=True, lru=True, hits=True, layers=True)
+    on = _ROUTED | {"order": 1, "order_marked": 24, "order_reordered": 3, "keep": 1, "keep_evicted": 12}
+    on |= {"keep_capacity": 6, "layers": 2, "layers_ops": 5}
+    assert route_problem(on, layers, 6) is None
+    assert "LAYERS=2 was asked for, the context's counters show layers 0" in route_problem(
+        on | {"layers": 0}, layers, 6
+    )
+    assert "LAYERS=2 was asked for, the context's counters show layers 8" in route_problem(
+        on | {"layers": 8}, layers, 6
+    )
+    assert "LAYERS was not asked for" in route_problem(on, parse_mode("route+lru+hits"), 6)
+    assert run_env("route+layers", None, False)[ENV_PREFETCH_LAYERS] == "2"
+    with pytest.raises(ValueError, match="in the order exact\\+wait\\+lru\\+hits\\+layers"):
+        parse_mode("route+layers+hits")
 
 
 def test_the_header_proves_the_call_exact_and_wait():

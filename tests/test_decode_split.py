@@ -248,7 +248,7 @@ def test_the_rows_carry_the_split_into_the_table_and_the_json(tmp_path, monkeypa
         "compute_ms", "wait_ms", "compute_basis", "requests_from", "requests", "request_kib_mean",
         "request_kib_largest", "request_kib_largest_is", "request_ms_mean", "in_flight", "busy", "expert_hit",
         "room_mib", "room_need_mib", "route_wait_ms", "keep_capacity", "keep_evicted", "guesses_skipped",
-        "guesses_unused",
+        "guesses_unused", "layers_ops", "layers_mib", "layers_cut",
     ]  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(doc))
     back = load_measured(tmp_path / "r.json")

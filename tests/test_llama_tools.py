@@ -179,12 +179,28 @@ def _completion(*args: str, env: dict[str, str] | None = None) -> subprocess.Com
         ("--moe-prefetch", "always", "is not one of off|advise|read|populate"),
         ("--moe-prefetch-max-bytes", "12q", "is not a byte count"),
         ("--moe-prefetch-threads", "99", "exceeds 16"),
+        ("--moe-prefetch-keep", "lfu", "is not one of kernel|lru"),
+        ("--moe-prefetch-order", "hot", "is not one of index|hits"),
+        ("--moe-prefetch-layers", "9", "exceeds 8"),
     ],
 )
 def test_a_bad_flag_value_is_an_argument_error(flag, value, words):
     out = _completion(flag, value)
     assert out.returncode == 1
     assert f"invalid value for {flag}: '{value}'" in out.stderr and words in out.stderr
+
+
+def test_the_recommended_flags_run_in_any_order():
+    """README's flags, route given last: the knobs that need route-time reads are judged by their grammar
+    (they failed as an argument error before, route not yet seen); without route the context warns and
+    ignores them, and the run goes on."""
+    rest = ["--moe-prefetch-keep", "lru", "--moe-prefetch-order", "hits", "--moe-prefetch-layers", "2"]
+    out = _completion("-v", *rest, "--moe-prefetch-route")  # -v: the context's info lines
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "reads at route time" in out.stderr and "a batch reads 2 whole layer(s) ahead" in out.stderr
+    out = _completion("--moe-prefetch-keep", "lru")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ONEBIT_MOE_PREFETCH_KEEP=lru needs route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1); ignored" in out.stderr
 
 
 def test_flags_reach_the_context_and_win_over_the_environment(tmp_path):

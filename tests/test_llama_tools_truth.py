@@ -131,6 +131,39 @@ def test_bench_takes_lists_of_route_and_keep():
         assert bad.returncode != 0 and f"invalid value '{value}' for {flag}" in bad.stderr
 
 
+def test_props_names_pread_and_the_layers_ahead():
+    """/props names every call the consumer makes (pread, the fifth, read "off" before) and the whole layers
+    a batch reads ahead, as the context runs them, with the flag as given."""
+    flags = ["--moe-prefetch", "pread", "--moe-prefetch-route", "--moe-prefetch-layers", "3"]
+    with _server(flags, tool_env(None)) as port:
+        props = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=REQUEST_S).read())
+    ob = props["onebit_moe"]
+    assert (ob["prefetch"], ob["route"], ob["layers"]) == ("pread", True, 3)
+    assert ob["flags"]["moe_prefetch_layers"] == "3"
+    with _server(["--moe-prefetch-layers", "3"], tool_env(None)) as port:  # without route: ignored, 0
+        props = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/props", timeout=REQUEST_S).read())
+    assert (props["onebit_moe"]["layers"], props["onebit_moe"]["flags"]["moe_prefetch_layers"]) == (0, "3")
+
+
+def test_bench_takes_a_list_of_layers_ahead():
+    """--moe-prefetch-layers 0,2 with route 0,1: a row for each pair that runs as named (layers without route
+    is skipped), each row's consumer line proving what ran; a bad value is refused naming it."""
+    cmd = [str(tool("llama-bench")), "-v", "-m", str(MODEL), "-p", "64", "-n", "0", "-r", "1", "-t", "2", "-o", "json"]
+    cmd += ["--moe-prefetch-route", "0,1", "--moe-prefetch-layers", "0,2"]
+    env = tool_env(None) | {"ONEBIT_MOE_PREDICT_STATS": "1", "ONEBIT_MOE_PREFETCH_LAYERS": "5"}
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=REQUEST_S, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [(r["moe_route"], r["moe_layers"]) for r in json.loads(out.stdout)]
+    assert rows == [("0", "0"), ("1", "0"), ("1", "2")]
+    # the flag's 0 wins over the variable's 5: one context reads layers ahead, 2 of them
+    assert out.stderr.count("a batch reads 2 whole layer(s) ahead") == 1, out.stderr[-3000:]
+    assert "a batch reads 5" not in out.stderr
+    for value in ("9", "-1", "two"):
+        bad = subprocess.run(cmd[:-2] + ["--moe-prefetch-layers", value], capture_output=True, text=True,
+                             timeout=REQUEST_S)  # fmt: skip
+        assert bad.returncode != 0 and f"invalid value '{value}' for --moe-prefetch-layers" in bad.stderr
+
+
 def test_bench_takes_a_list_of_sidecars():
     sidecar = MODEL.with_name("qwen3moe-tiny.learned-k1.gguf")
     cmd = [str(tool("llama-bench")), "-m", str(MODEL), "-p", "0", "-n", "4", "-r", "1", "-t", "2", "-o", "json"]

@@ -1,5 +1,5 @@
 """The prefetch consumer's policy (ONEBIT_MOE_PREFETCH*): onebit_predict.policy.parse_prefetch
-against every `prefetch`, `route`, `wait`, `keep` and `order` case of ctest_port/cases.tsv and its exact
+against every `prefetch`, `route`, `wait`, `keep`, `order` and `layers_ahead` case of ctest_port/cases.tsv and its exact
 warning texts; then the C++ onebit_prefetch_parse (through cffi) against the same cases, and against
 the Python policy on random and malformed environments: same fields, same warnings.
 
@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ctest_port.cases import (
     GuardCase,
     KeepCase,
+    LayersAheadCase,
     OrderCase,
     PrefetchCase,
     RoomCase,
@@ -32,6 +33,7 @@ ROUTE_CASES = [c for c in read_cases() if isinstance(c, RouteCase)]
 WAIT_CASES = [c for c in read_cases() if isinstance(c, WaitCase)]
 KEEP_CASES = [c for c in read_cases() if isinstance(c, KeepCase)]
 ORDER_CASES = [c for c in read_cases() if isinstance(c, OrderCase)]
+LAYERS_AHEAD_CASES = [c for c in read_cases() if isinstance(c, LayersAheadCase)]
 WARN_CAP = 1 << 16
 LIMIT = k.PREFETCH_MAX_BYTES_LIMIT
 
@@ -95,6 +97,17 @@ def test_parse_order(case: OrderCase) -> None:
     assert (p.order, len(warnings)) == case[3:]
 
 
+def test_there_are_layers_ahead_cases() -> None:
+    assert len(LAYERS_AHEAD_CASES) >= 30
+    assert {c.layers for c in LAYERS_AHEAD_CASES} >= {0, 1, 2, k.PREFETCH_LAYERS_MAX}
+
+
+@pytest.mark.parametrize("case", LAYERS_AHEAD_CASES, ids=lambda c: f"line{c.line}")
+def test_parse_layers_ahead(case: LayersAheadCase) -> None:
+    p, warnings = parse_prefetch(case.env, case.predict_mode)
+    assert (p.layers, len(warnings)) == case[3:]
+
+
 def test_from_environ() -> None:
     environ = {
         "ONEBIT_MOE_PREFETCH": "read",
@@ -138,6 +151,14 @@ def test_from_environ() -> None:
         ),
         [],
     )
+    ahead = {"ONEBIT_MOE_PREFETCH_ROUTE": "1", "ONEBIT_MOE_PREFETCH_LAYERS": " 2"}
+    assert PrefetchEnv.from_environ(ahead) == PrefetchEnv(route="1", layers=" 2")
+    assert parse_prefetch(PrefetchEnv.from_environ(ahead), k.MODE_OFF) == (
+        PrefetchPolicy(
+            mode=k.PREFETCH_ROUTE_CALL, n_threads=k.PREFETCH_THREADS_DEFAULT, max_bytes=0, route=True, layers=2
+        ),
+        [],
+    )
 
 
 def test_every_variable_is_read() -> None:
@@ -149,6 +170,8 @@ def test_every_variable_is_read() -> None:
     assert k.ENV_PREFETCH_WAIT in k.ENV_ALL and "wait" in PrefetchEnv._fields
     assert k.ENV_PREFETCH_KEEP in k.ENV_ALL and "keep" in PrefetchEnv._fields
     assert k.ENV_PREFETCH_ORDER in k.ENV_ALL and "order" in PrefetchEnv._fields
+    assert k.ENV_PREFETCH_LAYERS in k.ENV_ALL and "layers" in PrefetchEnv._fields
+    assert k.ENV_PREFETCH_DEBUG_HANDBACK in k.ENV_ALL
 
 
 def test_defaults() -> None:
@@ -386,6 +409,55 @@ def test_order_warning_texts(env: PrefetchEnv, predict_mode: int, texts: list[st
     assert (p.mode, p.route, p.keep, p.order) == parsed
 
 
+LAYERS_NEEDS = "needs route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1); ignored"
+# (env, predict mode, the warnings in C's order: ..., _ORDER, its need, _LAYERS's value, its need; the
+# call, route, order, layers as parsed)
+LAYERS_AHEAD_TEXTS = [
+    # without route: the value named in the need, 0
+    (
+        PrefetchEnv(layers="2"),
+        k.MODE_OFF,
+        [f"ONEBIT_MOE_PREFETCH_LAYERS=2 {LAYERS_NEEDS}"],
+        (k.PREFETCH_OFF, False, k.ORDER_INDEX, 0),
+    ),
+    # clamped, then without route: the clamped value named in the need
+    (
+        PrefetchEnv(layers=" 12"),
+        k.MODE_ROUTER,
+        ["ONEBIT_MOE_PREFETCH_LAYERS=12 exceeds 8; clamped to 8", f"ONEBIT_MOE_PREFETCH_LAYERS=8 {LAYERS_NEEDS}"],
+        (k.PREFETCH_OFF, False, k.ORDER_INDEX, 0),
+    ),
+    # not an integer: the raw value quoted, 0, never the need as well
+    (
+        PrefetchEnv(route="1", layers=" -1\t"),
+        k.MODE_OFF,
+        ["ONEBIT_MOE_PREFETCH_LAYERS=' -1\t' is not a non-negative integer; using 0"],
+        (k.PREFETCH_ROUTE_CALL, True, k.ORDER_INDEX, 0),
+    ),
+    # with hits and route: both kept
+    (
+        PrefetchEnv(mode="pread", route="1", order="hits", layers="3"),
+        k.MODE_OFF,
+        [],
+        (k.PREFETCH_PREAD, True, k.ORDER_HITS, 3),
+    ),
+    # neither has route: order's warning, then layers'
+    (
+        PrefetchEnv(order="hits", layers="1"),
+        k.MODE_OFF,
+        [ORDER_NEEDS, f"ONEBIT_MOE_PREFETCH_LAYERS=1 {LAYERS_NEEDS}"],
+        (k.PREFETCH_OFF, False, k.ORDER_INDEX, 0),
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "predict_mode", "texts", "parsed"), LAYERS_AHEAD_TEXTS)
+def test_layers_ahead_warning_texts(env: PrefetchEnv, predict_mode: int, texts: list[str], parsed: tuple) -> None:
+    p, warnings = parse_prefetch(env, predict_mode)
+    assert warnings == texts
+    assert (p.mode, p.route, p.order, p.layers) == parsed
+
+
 def test_prefetch_mode_name() -> None:
     assert [prefetch_mode_name(m) for m in range(-1, 6)] == ["off", "off", "advise", "read", "populate", "pread", "off"]
 
@@ -444,10 +516,12 @@ def c_parse_prefetch(c_policy, env: PrefetchEnv, predict_mode: int) -> tuple[Pre
         wait=bool(out.wait),
         keep=out.keep,
         order=out.order,
+        layers=out.layers,
     )
     assert {out.speculative, out.route, out.random, out.wait} <= {0, 1}
     assert out.keep in k.KEEP_NAMES
     assert out.order in k.ORDER_NAMES
+    assert 0 <= out.layers <= k.PREFETCH_LAYERS_MAX
     return policy, n_warn, ffi.string(warn).decode()
 
 
@@ -475,6 +549,7 @@ def test_c_constants(c_policy) -> None:
     assert lib.ONEBIT_PREFETCH_THREADS_DEFAULT == k.PREFETCH_THREADS_DEFAULT
     assert lib.ONEBIT_PREFETCH_THREADS_MAX == k.PREFETCH_THREADS_MAX
     assert lib.ONEBIT_PREFETCH_MAX_BYTES_LIMIT == k.PREFETCH_MAX_BYTES_LIMIT
+    assert lib.ONEBIT_PREFETCH_LAYERS_MAX == k.PREFETCH_LAYERS_MAX
     assert (lib.ONEBIT_PREFETCH_GUARD_DEFAULT, lib.ONEBIT_PREFETCH_GUARD_MAX) == (
         k.PREFETCH_GUARD_DEFAULT,
         k.PREFETCH_GUARD_MAX,
@@ -536,6 +611,21 @@ def test_c_order_warning_texts(c_policy, env: PrefetchEnv, predict_mode: int, te
     p, _, text = c_parse_prefetch(c_policy, env, predict_mode)
     assert text == "\n".join(texts)
     assert (p.mode, p.route, p.keep, p.order) == parsed
+
+
+@pytest.mark.parametrize("case", LAYERS_AHEAD_CASES, ids=lambda c: f"line{c.line}")
+def test_c_parse_layers_ahead(c_policy, case: LayersAheadCase) -> None:
+    p, n_warn = assert_prefetch_parity(c_policy, case.env, case.predict_mode)
+    assert (p.layers, n_warn) == case[3:]
+
+
+@pytest.mark.parametrize(("env", "predict_mode", "texts", "parsed"), LAYERS_AHEAD_TEXTS)
+def test_c_layers_ahead_warning_texts(
+    c_policy, env: PrefetchEnv, predict_mode: int, texts: list[str], parsed: tuple
+) -> None:
+    p, _, text = c_parse_prefetch(c_policy, env, predict_mode)
+    assert text == "\n".join(texts)
+    assert (p.mode, p.route, p.order, p.layers) == parsed
 
 
 def test_c_prefetch_mode_name(c_policy) -> None:

@@ -145,7 +145,7 @@ PREFILL_COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
     **{c: (row_field(f), "") for c, f in [(PREFILL_COLUMN, "median_prompt_tok_s"),
        ("min", "min_prompt_tok_s"), ("max", "max_prompt_tok_s"), ("floor MiB/token", "expert_bytes_per_ubatch_mib")]},
     **{c: (split(f), "") for c, f in [("compute ms", "compute_ms"), ("wait ms", "wait_ms"),
-       ("requests/token", "requests"), ("mean KiB", "request_kib_mean")]},
+       ("requests/token", "requests"), ("mean KiB", "request_kib_mean"), ("ahead MiB/token", "layers_mib")]},
     "expert hit %": (split("expert_hit", 100.0), ""),
 }  # fmt: skip
 

@@ -209,3 +209,26 @@ def test_the_read_path_knobs_name_their_rows_and_the_page_model_plays_them():
         assert playable(row, None)  # the predictor off: decided before the trace is looked at
     for row in (RowConfig(consumer="advise", route=True, wait=1),):
         assert not playable(row, None)
+
+
+def test_the_layers_ahead_name_their_rows_and_the_page_model_refuses_them():
+    """Whole layers ahead and its hand-back control are a row's knobs (its name, its environment, read back
+    from the name, pinned when not given); the page model plays decode, where a one-token ubatch never reads
+    a layer ahead, so it lists such rows as not played rather than play them as route alone."""
+    from onebit_predict.costmodel.page_check import playable
+    from onebit_predict.costmodel.row_config import from_name
+
+    cfg = RowConfig(route=True, keep="lru", order="hits", layers=2, handback="cold")
+    assert cfg.name == "route, keep lru, order hits, layers 2, handback cold"
+    assert from_name(cfg.name) == cfg
+    env = cfg.env()
+    assert (env["ONEBIT_MOE_PREFETCH_LAYERS"], env["ONEBIT_MOE_PREFETCH_DEBUG_HANDBACK"]) == ("2", "cold")
+    knobs = RowConfig(route=True).knobs()
+    assert knobs["ONEBIT_MOE_PREFETCH_LAYERS"] is None and knobs["ONEBIT_MOE_PREFETCH_DEBUG_HANDBACK"] is None
+    with pytest.raises(ValueError):
+        RowConfig(route=True, layers=-1)
+    with pytest.raises(ValueError):
+        RowConfig(route=True, layers=2, handback="drop")
+    assert playable(RowConfig(route=True, keep="lru"), None)
+    for row in (RowConfig(route=True, layers=2), RowConfig(route=True, layers=2, handback="none")):
+        assert not playable(row, None)

@@ -1,32 +1,31 @@
 """The off-vs-predictor bit-identity check.
 
-Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router, block and
-learned, and with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
-``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru][+hits]]`` or ``[CALL+]route[+exact][+wait][+lru][+hits]``,
-``@K`` predicting K layers ahead, ``CALL`` the consumer's call (advise, read, populate, pread),
-``+route`` reading each layer's routed experts at route time, ``route`` without a predictor part
-route time with the predictor off; after ``+route``, in this order, ``+exact`` readahead off on the
-expert tensors (ONEBIT_MOE_PREFETCH_RANDOM=1), ``+wait`` the route-time op waiting for its layer's
-reads (ONEBIT_MOE_PREFETCH_WAIT=1, not with advise), ``+lru`` the LRU over whole experts
-(ONEBIT_MOE_PREFETCH_KEEP=lru) held to n_expert_used + 2 experts so that it evicts on a resident
-model, ``+hits`` the order of the reads and matmuls (ONEBIT_MOE_PREFETCH_ORDER=hits)), in several scenarios
-(multi-ubatch prefill then single-token decode; two sequences in one batch; a state save and
-restore in the middle; flash attention on and off; 1 and 2 threads; a 128-token prompt in ubatches
-of 64, where a ubatch routes nearly every expert), and compares every logits
-row as bytes, never with a tolerance. A predictor run passes only if it also predicted: its
-trace must hold a PREDICTED record for every routed row of every predicted layer, each at the
-distance asked for, so a check that silently predicted nothing, or predicted one layer ahead
-when asked for two, cannot pass; with a consumer, the trace must also show that it ran, issued
-reads and had no failure; with route time, the context's counters (onebit_moe_get_stats) must
-show that it routes and that its op looked at the routed experts. Every route-time knob is
-proven both ways, asked for or not: the header's route, random (``+exact``) and wait flags and
-its call (``route`` alone: read), the counters' ``wait`` and ``keep`` (``+lru``: 1, with an
-eviction and the capacity the check set, and with a predictor a guess the LRU's room for guesses
-skipped or paged out) and ``order`` (``+hits``: 1, with expert matmuls marked and, with ``+lru``,
-runs taken out of index order). A trace that was not written
-whole (none at all, shorter than its header, INCOMPLETE or still OPEN:
-``trace_written.written_problem``, e.g. ``--keep-traces`` on a full disk) fails its mode with that
-reason, never with what its missing bytes would seem to say.
+Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router, block and learned, and
+with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
+``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru][+hits][+layers]]`` or
+``[CALL+]route[+exact][+wait][+lru][+hits][+layers]``, ``@K`` predicting K layers ahead, ``CALL`` the
+consumer's call (advise, read, populate, pread), ``+route`` reading each layer's routed experts at route
+time, ``route`` without a predictor part route time with the predictor off; after ``+route``, in this order,
+``+exact`` readahead off on the expert tensors (ONEBIT_MOE_PREFETCH_RANDOM=1), ``+wait`` the route-time op
+waiting for its layer's reads (ONEBIT_MOE_PREFETCH_WAIT=1, not with advise), ``+lru`` the LRU over whole
+experts (ONEBIT_MOE_PREFETCH_KEEP=lru) held to n_expert_used + 2 experts so that it evicts on a resident
+model, ``+hits`` the order of the reads and matmuls (ONEBIT_MOE_PREFETCH_ORDER=hits), ``+layers`` a batch's
+whole layers read ahead (ONEBIT_MOE_PREFETCH_LAYERS=2)), in several scenarios (multi-ubatch prefill then
+single-token decode; two sequences in one batch; a state save and restore in the middle; flash attention on
+and off; 1 and 2 threads; a 128-token prompt in ubatches of 64, where a ubatch routes nearly every expert),
+and compares every logits row as bytes, never with a tolerance. A predictor run passes only if it also
+predicted: its trace must hold a PREDICTED record for every routed row of every predicted layer, each at the
+distance asked for, so a check that silently predicted nothing, or predicted one layer ahead when asked for
+two, cannot pass; with a consumer, the trace must also show that it ran, issued reads and had no failure;
+with route time, the context's counters (onebit_moe_get_stats) must show that it routes and that its op
+looked at the routed experts. Every route-time knob is proven both ways, asked for or not: the header's
+route, random (``+exact``) and wait flags and its call (``route`` alone: read), the counters' ``wait`` and
+``keep`` (``+lru``: 1, with an eviction and the capacity the check set, and with a predictor a guess the
+LRU's room for guesses skipped or paged out) and ``order`` (``+hits``: 1, with expert matmuls marked and,
+with ``+lru``, runs taken out of index order) and ``layers`` (``+layers``: 2, and in the big prompt's
+scenario ops that read ahead). A trace that was not written whole (none at all, shorter than its header,
+INCOMPLETE or still OPEN: ``trace_written.written_problem``, e.g. ``--keep-traces`` on a full disk) fails
+its mode with that reason, never with what its missing bytes would seem to say.
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ from ..constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_KEEP_CAP,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_LAYERS,
     ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
@@ -82,11 +82,12 @@ MODES = (
     "route",
     "block+populate+route",
     "pread+route+exact+wait",
-    "route+lru+hits",
+    "route+lru+hits+layers",
     "block+pread+route+wait+lru",
 )
 ROUTE = "route"  # route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1): the last part before its qualifiers
-QUALIFIERS = ("exact", "wait", "lru", "hits")  # route time's qualifiers, after +route, in this order
+QUALIFIERS = ("exact", "wait", "lru", "hits", "layers")  # route time's qualifiers, after +route, in this order
+LAYERS = 2  # +layers: the whole layers a batch reads ahead (ONEBIT_MOE_PREFETCH_LAYERS)
 KEEP_CAP_EXTRA = 2  # +lru holds n_expert_used + this many experts (ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP): it evicts
 N_PREFILL = 24
 N_DECODE = 16
@@ -210,6 +211,7 @@ class ModeSpec:
     wait: bool = False  # +wait: ONEBIT_MOE_PREFETCH_WAIT=1
     lru: bool = False  # +lru: ONEBIT_MOE_PREFETCH_KEEP=lru
     hits: bool = False  # +hits: ONEBIT_MOE_PREFETCH_ORDER=hits
+    layers: bool = False  # +layers: ONEBIT_MOE_PREFETCH_LAYERS=LAYERS
 
     @property
     def call(self) -> str:
@@ -260,8 +262,8 @@ def _head(mode: str, head: list[str], route: bool) -> tuple[str, int, str | None
 
 
 def parse_mode(mode: str) -> ModeSpec:
-    """``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru][+hits]]``, ``[CALL+]route[+exact][+wait][+lru][+hits]``
-    or ``off`` (the reference) as a ModeSpec; ValueError naming what is unknown or misplaced."""
+    """A mode of the module's grammar, or ``off`` (the reference), as a ModeSpec; ValueError naming what is
+    unknown or misplaced."""
     if mode == "off":
         return ModeSpec("off", 1, None)
     parts = mode.split("+")
@@ -271,9 +273,7 @@ def parse_mode(mode: str) -> ModeSpec:
     predictor, ahead, consumer = _head(mode, head, route)
     if "wait" in quals and consumer == PREFETCH_NAMES[PREFETCH_ADVISE]:
         raise _bad(mode, "+wait needs a call that finishes its reads (read, populate or pread), not advise")
-    return ModeSpec(
-        predictor, ahead, consumer, route, "exact" in quals, "wait" in quals, "lru" in quals, "hits" in quals
-    )
+    return ModeSpec(predictor, ahead, consumer, route, *(q in quals for q in QUALIFIERS))
 
 
 def split_mode(mode: str) -> tuple[str, str | None]:
@@ -345,6 +345,7 @@ def run_env(
     env[ENV_PREFETCH_KEEP] = "lru" if spec.lru else None
     env[ENV_PREFETCH_DEBUG_KEEP_CAP] = str(keep_cap) if spec.lru else None
     env[ENV_PREFETCH_ORDER] = "hits" if spec.hits else None
+    env[ENV_PREFETCH_LAYERS] = str(LAYERS) if spec.layers else None
     env[ENV_OUT] = str(trace) if trace else None
     env[ENV_DEBUG_LEAK] = DEBUG_LEAK_UNCHECKED if leak else None
     env[ENV_LEARNED] = str(learned) if spec.predictor == "learned" and learned is not None else None
@@ -385,9 +386,9 @@ def route_problem(
 
 
 def keep_wait_problem(stats: dict[str, int], spec: ModeSpec, keep_cap: int | None = None) -> str | None:
-    """Why the counters' ``wait``, ``order`` and ``keep`` are not those ``spec`` asks for, or None: +hits
-    must have marked expert matmuls and, with +lru (whose page-outs leave routed experts being read when
-    their matmuls start), have taken them out of index order at least once."""
+    """Why the counters' ``wait``, ``order``, ``layers`` and ``keep`` are not those ``spec`` asks for, or
+    None: +hits must have marked expert matmuls and, with +lru (whose page-outs leave routed experts
+    being read when their matmuls start), have taken them out of index order at least once."""
     if stats.get("wait", 0) != int(spec.wait):
         asked = "was asked for" if spec.wait else "was not asked for"
         return f"ONEBIT_MOE_PREFETCH_WAIT=1 {asked}, the context's counters show wait {stats.get('wait')}"
@@ -397,6 +398,9 @@ def keep_wait_problem(stats: dict[str, int], spec: ModeSpec, keep_cap: int | Non
     if stats.get("order", 0) != int(spec.hits):
         asked = "was asked for" if spec.hits else "was not asked for"
         return f"ONEBIT_MOE_PREFETCH_ORDER=hits {asked}, the context's counters show order {stats.get('order')}"
+    if stats.get("layers", 0) != (LAYERS if spec.layers else 0):
+        asked = f"={LAYERS} was asked for" if spec.layers else " was not asked for"
+        return f"ONEBIT_MOE_PREFETCH_LAYERS{asked}, the context's counters show layers {stats.get('layers')}"
     if spec.hits:
         if stats["order_marked"] == 0:
             return "ONEBIT_MOE_PREFETCH_ORDER=hits marked no expert matmul in the graphs built"
@@ -533,15 +537,16 @@ def run_problem(
     """prediction_problem, after the header has shown that the run was the one asked for
     (settings_problem, and knob_problem: the call and route time's flags): a mode that did not
     run as asked, or a control that was not applied, fails with the reason. A trace not written
-    whole fails first, with written_problem's reason. The mode it ran ends in ``+lru`` and ``+hits`` where
-    the context's counters ``stats`` (when given) show the LRU and the order on: the header records neither."""
+    whole fails first, with written_problem's reason. The mode it ran ends in ``+lru``, ``+hits`` and
+    ``+layers`` where the context's counters ``stats`` (when given) show the LRU, the order and the layers
+    ahead on: the header records none of them."""
     written = written_problem(path)
     if written is not None:
         return 0, written, mode
     spec = parse_mode(mode)
     header = Trace.open(path).header
-    counted = ("+lru" if stats is not None and stats.get("keep") else "") + (
-        "+hits" if stats is not None and stats.get("order") else ""
+    counted = "".join(
+        f"+{q}" for q, key in (("lru", "keep"), ("hits", "order"), ("layers", "layers")) if stats and stats.get(key)
     )
     if spec.predictor == "off":  # route time alone: nothing predicted, the predictor off as asked
         ran = MODE_NAMES.get(header.mode, "?")
@@ -585,6 +590,9 @@ def check_model(
                     problem = route_problem(out.stats, spec, out.keep_cap)
                 elif problem is None and out.stats is not None:
                     problem = keep_wait_problem(out.stats, spec)
+                if problem is None and spec.layers and sc.feed == "big-prompt" and out.stats["layers_ops"] == 0:
+                    # ubatches of 64 route nearly every expert: a batch there must have read ahead
+                    problem = "ONEBIT_MOE_PREFETCH_LAYERS: no batch read a layer ahead in ubatches of 64"
                 mismatch = first_mismatch(ref.rows, out.rows)
                 results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))
     return results

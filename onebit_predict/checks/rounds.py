@@ -155,6 +155,9 @@ class Sample:
     keep_capacity: int | None = None  # ... the experts it held at most, after the decode
     spec_skipped: int | None = None  # keep=lru with a predictor: the guesses its room had no place for
     spec_unused: int | None = None  # ... and the guesses read but not routed (paged out)
+    layers_ops: int | None = None  # layers: the batches' route-time ops that read the next layers ahead
+    layers_bytes: int | None = None  # ... the bytes they queued (not resident)
+    layers_cut: int | None = None  # ... the ops whose depth the room cut
     cpu_s: float | None = None  # the decode's CPU seconds: the decoding thread's (cpu_basis COMPUTE_THREAD), else all
     cpu_basis: str | None = None
     reads: ReadRequests | None = None  # the read requests the drive served while it decoded (None: not counted)
@@ -246,6 +249,9 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         keep_capacity=out.get("keep_capacity"),
         spec_skipped=out.get("spec_skipped"),
         spec_unused=out.get("spec_unused"),
+        layers_ops=out.get("layers_ops"),
+        layers_bytes=out.get("layers_bytes"),
+        layers_cut=out.get("layers_cut"),
         cpu_s=out.get("cpu_s"),
         cpu_basis=out.get("cpu_basis"),
         reads=None if out.get("reads") is None else ReadRequests(**out["reads"]),
@@ -397,6 +403,9 @@ def run_split(s: Sample, tokens: int) -> DecodeSplit | None:
         None if s.keep_capacity is None or s.keep_evicted is None else s.keep_evicted / tokens,
         None if s.spec_skipped is None else s.spec_skipped / tokens,
         None if s.spec_unused is None else s.spec_unused / tokens,
+        None if s.layers_ops is None else s.layers_ops / tokens,
+        None if s.layers_bytes is None else s.layers_bytes / 2**20 / tokens,
+        None if s.layers_cut is None else s.layers_cut / tokens,
     )
 
 

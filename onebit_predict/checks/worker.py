@@ -117,6 +117,13 @@ def _guess_counter(before: dict[str, int] | None, after: dict[str, int] | None, 
     return _route_counter(before, after, name)
 
 
+def _layers_counter(before: dict[str, int] | None, after: dict[str, int] | None, name: str) -> int | None:
+    """A counter of the whole layers a batch reads ahead: its growth, None without the knob."""
+    if not (after and after["layers"]):
+        return None
+    return _route_counter(before, after, name)
+
+
 def cpu_clock(threads: int) -> tuple[Callable[[], float], str]:
     """The CPU clock of the decode's compute and its basis: one thread, the calling thread's own (the
     CPU backend computes a one-thread graph on the thread that calls llama_decode); more, the process's."""
@@ -180,6 +187,10 @@ class Span:
             # keep=lru with a predictor: the guesses its room had no place for, and those read but not routed
             "spec_skipped": _guess_counter(self.stats0, stats1, "spec_skipped"),
             "spec_unused": _guess_counter(self.stats0, stats1, "spec_unused"),
+            # layers: the batches' ops that read the next layers ahead, the bytes they queued, the depths cut
+            "layers_ops": _layers_counter(self.stats0, stats1, "layers_ops"),
+            "layers_bytes": _layers_counter(self.stats0, stats1, "layers_bytes"),
+            "layers_cut": _layers_counter(self.stats0, stats1, "layers_cut"),
             "reads": None if reads is None else asdict(reads),
             "room_bytes": None if stats1 is None else stats1["room_bytes"],
             "room_need_bytes": None if stats1 is None else stats1["room_need_bytes"],

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         "optionally +route (route-time reads); or route alone, or CALL+route (route time, the predictor off); "
         "after +route, in this order, optionally +exact (readahead off), +wait (the route-time op waits for "
         "its reads; not with advise), +lru (an LRU over whole experts, held small so that it evicts), +hits "
-        "(the expert matmuls take resident experts first)",
+        "(the expert matmuls take resident experts first), +layers (a batch reads 2 whole layers ahead)",
     )
     p.add_argument(
         "--scenarios",

@@ -136,7 +136,10 @@ class DecodeSplit:
     and ``keep_evicted``: with ONEBIT_MOE_PREFETCH_KEEP=lru, the experts its LRU holds at most and the
     experts it evicted (paged out) per token, None otherwise. ``guesses_skipped`` and ``guesses_unused``:
     with the LRU and a predictor, the guesses per token its room for them had no place for, and those
-    read but not routed (paged out at their layer's route), None otherwise."""
+    read but not routed (paged out at their layer's route), None otherwise. ``layers_ops``, ``layers_mib``
+    and ``layers_cut``: with ONEBIT_MOE_PREFETCH_LAYERS, per token, the batches' route-time ops that read the
+    next layers ahead, the MiB they queued (not resident when queued) and the ops whose depth the room cut,
+    None otherwise (a decode's one-token ubatches never read ahead: 0)."""
 
     compute_ms: float
     wait_ms: float | None = None
@@ -157,6 +160,9 @@ class DecodeSplit:
     keep_evicted: float | None = None  # per token
     guesses_skipped: float | None = None  # per token
     guesses_unused: float | None = None  # per token
+    layers_ops: float | None = None  # per token
+    layers_mib: float | None = None  # per token
+    layers_cut: float | None = None  # per token
 
     @property
     def wall_ms(self) -> float | None:

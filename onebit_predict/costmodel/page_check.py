@@ -74,7 +74,8 @@ def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
     time's expert LRU, with a predictor's guesses in its room for them (costmodel/keep.py); route time's
-    wait (not with advise); the workers' pread. Not the matmuls' hits-first order (ONEBIT_MOE_PREFETCH_ORDER)."""
+    wait (not with advise); the workers' pread. Not the matmuls' hits-first order (ONEBIT_MOE_PREFETCH_ORDER),
+    nor a batch's whole layers ahead (ONEBIT_MOE_PREFETCH_LAYERS)."""
     if config is None:
         return False
     if config.wait and (not config.route or config.consumer == "advise"):
@@ -83,6 +84,8 @@ def playable(config: RowConfig | None, routing: Routing) -> bool:
         return False
     if config.order not in (None, "index"):
         return False  # the model has no order within a layer's matmuls: hits first is not played
+    if config.layers or config.handback:
+        return False  # nor batches' reads of whole layers: the trace plays decode
     if config.is_off:
         return True
     h = routing.header

@@ -64,9 +64,11 @@ from ..constants import (
     ENV_DEPTH,
     ENV_MODE,
     ENV_PREFETCH,
+    ENV_PREFETCH_DEBUG_HANDBACK,
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_LAYERS,
     ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
@@ -164,6 +166,9 @@ class RowConfig:
     wait: int | None = knob(ENV_PREFETCH_WAIT, "wait", int, low=0)  # route time: the layer waits for its reads
     keep: str | None = knob(ENV_PREFETCH_KEEP, "keep", str, choices=("kernel", "lru"))  # what stays cached
     order: str | None = knob(ENV_PREFETCH_ORDER, "order", str, choices=("index", "hits"))  # the matmuls' order
+    layers: int | None = knob(ENV_PREFETCH_LAYERS, "layers", int, low=0)  # whole layers a batch reads ahead
+    # layers: what becomes of a layer that ran (pageout, the knob's own, where the room holds fewer than all)
+    handback: str | None = knob(ENV_PREFETCH_DEBUG_HANDBACK, "handback", str, choices=("none", "cold", "pageout"))
 
     def __post_init__(self) -> None:
         if self.predictor is not None and self.predictor not in PREDICTORS:

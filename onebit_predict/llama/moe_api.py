@@ -29,10 +29,12 @@ from ..constants import (
     ENV_OUT,
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_DRAIN,
+    ENV_PREFETCH_DEBUG_HANDBACK,
     ENV_PREFETCH_DEBUG_KEEP_CAP,
     ENV_PREFETCH_DEBUG_ORACLE,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_LAYERS,
     ENV_PREFETCH_MAX_BYTES,
     ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
@@ -71,6 +73,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     ("prefetch_keep", ENV_PREFETCH_KEEP),
     ("prefetch_debug_keep_cap", ENV_PREFETCH_DEBUG_KEEP_CAP),
     ("prefetch_order", ENV_PREFETCH_ORDER),
+    ("prefetch_layers", ENV_PREFETCH_LAYERS),
+    ("prefetch_debug_handback", ENV_PREFETCH_DEBUG_HANDBACK),
 )
 
 

@@ -41,6 +41,8 @@ class OnebitMoeStats(ctypes.Structure):
         ("order", _i32),
         ("order_marked", _u64),
         ("order_reordered", _u64),
+        ("layers", _i32),
+        *((f"layers_{name}", _u64) for name in ("ops", "bytes", "cut")),
     ]
 
 
