@@ -21,6 +21,7 @@ from onebit_predict.constants import (
     ENV_PREFETCH,
     ENV_PREFETCH_DEBUG_KEEP_CAP,
     ENV_PREFETCH_KEEP,
+    ENV_PREFETCH_LAYERS,
     ENV_PREFETCH_MAX_BYTES,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
@@ -34,6 +35,7 @@ from onebit_predict.constants import (
     PREFETCH_READ,
     PREFETCH_THREADS_DEFAULT,
 )
+from onebit_predict.gguf_experts import read_experts
 from onebit_predict.llama.evict import EVICTED_ENOUGH, ExpertPages, expert_spans
 from onebit_predict.llama.runner import Context, ContextSettings, Model, builtin_tokens
 from onebit_predict.trace import Trace
@@ -81,6 +83,30 @@ def run_evicted_with_stats(model_path: Path, env: dict[str, str | None]) -> dict
             stats = context_stats(llama(), ctx.ptr)
         pages.close()
     return stats
+
+
+def test_layers_ahead_skip_the_first_op_of_a_larger_ubatch(tiny_model):
+    """ONEBIT_MOE_PREFETCH_LAYERS=2 in a prompt's ubatches of 64 tokens (each routes every expert): the
+    first route-time op of a ubatch larger than any before measured the room before the ubatch's
+    buffers were touched, so it reads no layer ahead and counts a cut; every later op reads ahead, and
+    a second ubatch of the same size has no such op. Before the fix that op read ahead (no cut)."""
+    from onebit_predict.llama.moe_stats import context_stats
+    from onebit_predict.llama.runner import llama
+
+    path = tiny_model("qwen3moe")
+    n_moe = len(read_experts(path).layers)  # route-time ops a ubatch
+    env = {ENV_PREFETCH_ROUTE: "1", ENV_PREFETCH_LAYERS: "2", ENV_PREFETCH_ROOM: "0"}  # the model fits
+    with Model(path, extra_bufts=False) as model:
+        toks = builtin_tokens(128, model.n_vocab, 3)
+        with Context(model, ContextSettings(n_batch=64, n_ubatch=64), env) as ctx:
+            ctx.decode(toks[:64], range(64), [0] * 64, [True] * 64)
+            first = context_stats(llama(), ctx.ptr)
+            ctx.decode(toks[64:], range(64, 128), [0] * 64, [True] * 64)
+            second = context_stats(llama(), ctx.ptr)
+    assert first is not None and second is not None
+    assert n_moe > 1 and first["layers"] == 2
+    assert (first["layers_cut"], first["layers_ops"]) == (1, n_moe - 1)
+    assert (second["layers_cut"], second["layers_ops"]) == (1, 2 * n_moe - 1)
 
 
 @pytest.mark.parametrize("consumer, mode", [("advise", PREFETCH_ADVISE), ("read", PREFETCH_READ)])
