@@ -217,6 +217,8 @@ READ_AHEAD_KB_MAX = 1 << 20
 COMPUTE_THREAD = "thread"  # --threads 1: the decoding thread's own CPU time (the split compute / waiting is exact)
 COMPUTE_PROCESS = "process"  # more threads: the process's CPU over the decode, every thread's (no wait is separable)
 PROC_DISKSTATS = "/proc/diskstats"
+# a confined run's trace: in memory, where its dirty pages cannot stall the cgroup's reclaim (bench_memory.py)
+TRACE_RAM_DIR = "/dev/shm"
 DISKSTATS_SECTOR = 512  # /proc/diskstats counts 512-byte sectors, whatever the device's logical block size
 LARGEST_CAP = "max_sectors_kb"  # a block device's largest request: its queue's cap, the largest possible
 LARGEST_SEEN = "seen since mount"  # an emulated drive's largest request: the most its emulator served since mounted

@@ -29,7 +29,7 @@ from onebit_predict.checks.bench_memory import (
 from onebit_predict.checks.memory_limits import limit_bytes
 from onebit_predict.checks.rounds import BenchOptions, Config, Sample, read_through, run_one
 from onebit_predict.commands.bench import main as bench_main
-from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from onebit_predict.constants import ENV_OUT, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, TRACE_RAM_DIR
 from onebit_predict.costmodel.measured import load_measured
 from onebit_predict.costmodel.row_config import RowConfig
 from onebit_predict.llama import cgroup, evict, read_ahead
@@ -149,7 +149,7 @@ def test_every_report_row_carries_its_configuration(tmp_path):
                                             "route": False, "random": False, "ahead": None, "depth": None,
                                             "guard": None, "room": None, "workers": None, "read_ahead_kb": None,
                                             "drive": None, "wait": None, "keep": None, "order": None,
-                                            "layers": None, "handback": None}  # fmt: skip
+                                            "layers": None, "handback": None, "copy": None}  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(report))
     back = load_measured(tmp_path / "r.json")
     assert back.knobs_recorded and [r.config for r in back.rows] == [c.config for c in memory_configs(tmp_path, 16)]
@@ -304,6 +304,28 @@ def test_ratios_compare_at_the_same_read_ahead(tmp_path, monkeypatch):
     assert [r.config.read_ahead_kb for r in rows] == [128, 8192] * 4
 
 
+def test_a_copy_of_off_measures_the_spread_of_identical_runs(tmp_path, monkeypatch):
+    """The A/A control: ``patched off, copy 2`` runs as a row of its own, with its own trace, and its
+    ``vs patched off`` is its median over the first copy's; every other row is still taken against the first."""
+    rows = [RowConfig(), RowConfig(copy=2), RowConfig(route=True)]
+    monkeypatch.setattr(bench_memory, "memory_rows", lambda n: rows)
+    plans = memory_configs(tmp_path, 4)
+    assert len({p.run.env[ENV_OUT] for p in plans}) == 3  # a trace each
+    speed = {"patched off": 10.0, "patched off, copy 2": 9.5, "route": 12.0}
+
+    def collect(model, runs, lib, pristine, opts):
+        return {
+            r.name: [Sample(speed[r.name] * f, 0.0, 2, None, 1 << 20, 4, 1.0) for f in (0.9, 1.0, 1.1)] for r in runs
+        }
+
+    monkeypatch.setattr(bench_memory, "collect", collect)
+    monkeypatch.setattr(bench_memory, "trace_figures", lambda path: (None, None, 0, 0, 0, 0, 0))
+    got = {
+        r.name: r.ratio_to_off for r in measure_memory(MODEL, plans, tmp_path, BenchOptions(rounds=3), [64 << 20], 1e3)
+    }
+    assert got == pytest.approx({"patched off": 1.0, "patched off, copy 2": 0.95, "route": 1.2})
+
+
 def test_the_eviction_check_refuses_a_warm_run(tmp_path, monkeypatch):
     """Before the first token of a confined run no expert page of the model may be resident (mincore):
     a run whose pages are resident is refused, naming the row and the bytes, before a worker starts."""
@@ -430,6 +452,35 @@ def test_each_configuration_runs_at_each_read_ahead(tmp_path, monkeypatch, capsy
     (tmp_path / "r.json").write_text(out.out)
     back = load_measured(tmp_path / "r.json")
     assert [r.read_ahead_kb for r in back.rows] == [128, 256, 128, 256] and back.read_ahead_kb is None
+
+
+def test_the_rows_traces_are_written_in_memory(tmp_path, monkeypatch, capsys, caplog):
+    """A confined worker writes its trace inside its cgroup: the traces lie on a memory filesystem
+    (/dev/shm), not the temp dir's disk, where under cgroup v1 their dirty pages paused the run's
+    reclaim 100 ms at a time. Where there is none, the run says so and uses the temp dir."""
+    _require_cgroup()
+    if evict.filesystem_type(Path(TRACE_RAM_DIR)) not in evict.MEMORY_FILESYSTEMS:
+        pytest.skip(f"{TRACE_RAM_DIR} is not a memory filesystem here")
+    model = _private_model(tmp_path)
+    monkeypatch.setattr(bench_memory, "memory_rows", lambda n: [RowConfig()])
+    where = []
+    real_run_one = rounds.run_one
+
+    def run_one_seen(model, cfg, lib, opts):
+        where.append(evict.filesystem_type(Path(cfg.env[ENV_OUT]).parent))
+        return real_run_one(model, cfg, lib, opts)
+
+    monkeypatch.setattr(rounds, "run_one", run_one_seen)
+    argv = [str(model), "--memory-limit", "64MiB", "--rounds", "1", "--generate", "2", "--prompt", "4", "--json"]
+    assert bench_main(argv) == EXIT_OK
+    assert where and set(where) <= set(evict.MEMORY_FILESYSTEMS), where
+    assert "no memory filesystem" not in capsys.readouterr().err
+    disk = tmp_path / "not-ram"
+    disk.mkdir()
+    if evict.filesystem_type(disk) not in evict.MEMORY_FILESYSTEMS:
+        assert bench_memory.trace_base(disk) is None
+        assert f"no memory filesystem at {disk}" in caplog.text
+    assert bench_memory.trace_base(Path(TRACE_RAM_DIR)) == Path(TRACE_RAM_DIR)
 
 
 @pytest.mark.needs_build

@@ -232,3 +232,23 @@ def test_the_layers_ahead_name_their_rows_and_the_page_model_refuses_them():
     assert playable(RowConfig(route=True, keep="lru"), None)
     for row in (RowConfig(route=True, layers=2), RowConfig(route=True, layers=2, handback="none")):
         assert not playable(row, None)
+
+
+def test_a_copy_is_the_a_a_control():
+    """copy N runs a configuration again as a row of its own: named for it and read back from the name, with
+    the same environment and C API settings as the first copy, and compared with the same baselines (the
+    first copy of patched off is its own, so ``patched off, copy 2``'s ratio is the A/A spread)."""
+    a = RowConfig(copy=2)
+    assert a.name == "patched off, copy 2" and from_name(a.name) == a
+    assert a.env() == RowConfig().env() and a.knobs() == RowConfig().knobs()
+    assert a.predictor_off() == RowConfig() and a.consumer_off() == RowConfig()
+    r = RowConfig(route=True, keep="lru", copy=3)
+    assert (
+        r.name == "route, keep lru, copy 3"
+        and from_name(r.name) == r
+        and r.env() == RowConfig(route=True, keep="lru").env()
+    )
+    assert RowConfig.from_fields(r.fields()) == r
+    assert chosen_rows(["patched off, copy 2", "route"], 16) == [RowConfig(), RowConfig(copy=2), RowConfig(route=True)]
+    with pytest.raises(ValueError, match="copy 1 is not int >= 2"):
+        RowConfig(copy=1)

@@ -6,18 +6,19 @@ the kernel's own reclaim evicts expert pages as a model that does not fit would 
 of ``resident`` (0 here) is the other side of the never-a-loss rule: no cgroup, the model file
 read into the page cache before every run.
 
-The configurations (each in its own process, rounds alternating, each writing a trace): the
-predictor off; router and block with the consumer off, advise and read (the consumer's room
-rule and guard at their defaults: the rule on, no guard); block + advise with the guard
-(``guard 4``) and without the room rule (``room 0``); block + advise with a depth of every
-expert (poor predictions: most reads wasted), with and without the room rule; and the oracle,
+The configurations (each in its own process, rounds alternating, each writing a trace, in
+/dev/shm: :func:`trace_base`): the predictor off; router and block with the consumer off, advise
+and read (the consumer's room rule and guard at their defaults: the rule on, no guard); block +
+advise with the guard (``guard 4``) and without the room rule (``room 0``); block + advise with a
+depth of every expert (poor predictions: most reads wasted), with and without the room rule; and the oracle,
 the consumer spending the routing a trace of the same tokens recorded before the rounds
 (ONEBIT_MOE_PREFETCH_DEBUG_ORACLE, router mode, neither rule nor guard: the upper bound), whose
 tokens are checked to route as that trace did. Per row: decode tok/s against "patched off" and against the same
 predictor with the consumer off, the bytes read from the drive and the major faults per
 decoded token (/proc/self/io and getrusage of the worker, all its threads), the drive's
 utilisation (bytes read per second over its sequential bandwidth, measured in the same run),
-the prediction's read recall and the consumer's counters from the trace.
+the prediction's read recall and the consumer's counters from the trace. A row named ``..., copy 2``
+runs its configuration again beside the first copy: ``patched off, copy 2`` is the A/A control.
 
 Each configuration is a costmodel/row_config.py ``RowConfig`` (:func:`memory_rows`): its name, its
 ONEBIT_* variables and the ``config`` object every row of the report carries come from it, and
@@ -60,6 +61,7 @@ ubatch a run of its own, in rows of their own (checks/bench_prefill.py, the repo
 from __future__ import annotations
 
 import logging
+import os
 import re
 import statistics
 from collections.abc import Iterator, Sequence
@@ -70,7 +72,14 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import COMPUTE_THREAD, ENV_COMPENSATOR, ENV_LEARNED, ENV_OUT, ENV_PREFETCH_DEBUG_ORACLE
+from ..constants import (
+    COMPUTE_THREAD,
+    ENV_COMPENSATOR,
+    ENV_LEARNED,
+    ENV_OUT,
+    ENV_PREFETCH_DEBUG_ORACLE,
+    TRACE_RAM_DIR,
+)
 from ..costmodel.measured import DecodeSplit
 from ..costmodel.row_config import DRIVES, NATIVE, RowConfig, from_name
 from ..trace import Trace
@@ -83,6 +92,23 @@ RESIDENT = 0  # a limit of 0: no cgroup, the model read into the page cache firs
 SCRATCH_PREFIX = ".onebit-drive-"  # llama/drive.py measure_drive's scratch file, next to the model
 OFF = RowConfig().name
 ORACLE = RowConfig("router", "advise", oracle=True).name  # "oracle + advise"
+
+
+def trace_base(ram_dir: Path = Path(TRACE_RAM_DIR)) -> Path | None:
+    """Where the rows' traces go: ``ram_dir`` where it is a memory filesystem, else None (the temp dir),
+    with a warning. A worker writes its trace inside its memory cgroup, a page at a time. On a disk those
+    pages stay dirty, and under cgroup v1 a reclaim pass that finds only dirty pages pauses the run 100 ms
+    (VMSCAN_THROTTLE_WRITEBACK): up to half a confined run's time on a small model (docs/results.md)."""
+    from ..llama.evict import MEMORY_FILESYSTEMS, filesystem_type
+
+    if ram_dir.is_dir() and os.access(ram_dir, os.W_OK) and filesystem_type(ram_dir) in MEMORY_FILESYSTEMS:
+        return ram_dir
+    logger.warning(
+        "no memory filesystem at %s: the rows' traces go to the temp dir; where it is a disk, under cgroup v1 "
+        "their dirty pages can pause a confined run's reclaim (100 ms each)",
+        ram_dir,
+    )
+    return None
 
 
 def memory_rows(n_expert: int) -> list[RowConfig]:
@@ -466,8 +492,6 @@ def run_memory(
     ``prompt_tokens`` each of them once more per prompt and ubatch (checks/bench_prefill.py; its floor
     from the model's ``expert_bytes``). Returns the decode rows, the prefill rows, the report's fields
     (beside the rows) and the table header's words on the drives."""
-    import os
-
     from ..grow.gguf_keys import arch_value
     from ..llama import run_state
     from ..llama.cgroup import MemoryCgroup
@@ -479,7 +503,7 @@ def run_memory(
         drive = measure_drive(model.resolve().parent)
     n_expert = int(arch_value(model, "expert_count"))
     with (
-        run_state.temp_dir("onebit-bench-") as tmp,
+        run_state.temp_dir("onebit-bench-", trace_base()) as tmp,  # the rows' traces
         setting.applied() as read_ahead,
         drives_mounted(model, drive_names, read_ahead_kb, read_ahead) as drives,  # before any worker's cgroup
     ):

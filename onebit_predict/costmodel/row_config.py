@@ -37,6 +37,11 @@ room rule and the guard unless its fields say otherwise.
 ran at 8192), or a run that did not set it, whose report records the device's value once
 (costmodel/measured.py reads that in).
 
+``copy`` is one more (``patched off, copy 2``): the same configuration run again as a row of its own,
+each round in its own process beside the first copy. Its ratio to the first copy (for ``patched off``,
+its ``vs patched off``) is an A/A control: how far two runs of identical code differ in that cell, the
+spread a ratio of another row must leave before it says anything.
+
 ``drive`` is another: the drive the row read the model from (``onebit-bench --memory-limit --drive
 native,nvme,sata``): ``native`` the model where it is, ``nvme``, ``nvme-1m``, ``nvme-3g`` or ``sata`` the emulated drive
 (onebit_predict/drive) serving it. Its qualifier is the value alone (``block + advise, nvme``: a
@@ -169,6 +174,9 @@ class RowConfig:
     layers: int | None = knob(ENV_PREFETCH_LAYERS, "layers", int, low=0)  # whole layers a batch reads ahead
     # layers: what becomes of a layer that ran (pageout, the knob's own, where the room holds fewer than all)
     handback: str | None = knob(ENV_PREFETCH_DEBUG_HANDBACK, "handback", str, choices=("none", "cold", "pageout"))
+    # the A/A control: the same configuration again as a row of its own, its own process each round; its
+    # ratio to the first copy is the spread between runs of identical code in that cell
+    copy: int | None = knob(None, "copy", int, low=2)
 
     def __post_init__(self) -> None:
         if self.predictor is not None and self.predictor not in PREDICTORS:

@@ -277,10 +277,10 @@ def recorded() -> bool:
     return active() is not None
 
 
-def make_temp_dir(prefix: str) -> Path:
-    """A fresh directory in the temp dir (mode 0700), recorded before it is made."""
+def make_temp_dir(prefix: str, base: Path | None = None) -> Path:
+    """A fresh directory in ``base``, else the temp dir (mode 0700), recorded before it is made."""
     while True:
-        path = Path(tempfile.gettempdir()) / f"{prefix}{secrets.token_hex(4)}"
+        path = Path(base or tempfile.gettempdir()) / f"{prefix}{secrets.token_hex(4)}"
         note("temp_dirs", path)
         try:
             path.mkdir(mode=0o700)
@@ -296,9 +296,9 @@ def remove_temp_dir(path: Path) -> None:
 
 
 @contextmanager
-def temp_dir(prefix: str) -> Iterator[Path]:
-    """``tempfile.TemporaryDirectory`` that a later run removes if this one is killed."""
-    path = make_temp_dir(prefix)
+def temp_dir(prefix: str, base: Path | None = None) -> Iterator[Path]:
+    """``tempfile.TemporaryDirectory`` (in ``base`` where given) that a later run removes if this one is killed."""
+    path = make_temp_dir(prefix, base)
     try:
         yield path
     finally:
