@@ -424,7 +424,7 @@ def test_the_counters_prove_hits_first():
     on = _ROUTED | {"order": 1, "order_marked": 24, "order_reordered": 0}
     assert route_problem(on, hits) is None  # resident, nothing to reorder: the marks prove the graph
     assert "ORDER=hits was asked for, the context's counters show order 0" in route_problem(_ROUTED, hits)
-    assert "marked no expert matmul" in route_problem(on | {"order_marked": 0}, hits)
+    assert "ran no expert matmul marked" in route_problem(on | {"order_marked": 0}, hits)
     assert "ORDER=hits was not asked for" in route_problem(on, parse_mode("route"))
     lru = on | {"keep": 1, "keep_evicted": 12, "keep_capacity": 6}
     assert "never took the experts out of index order" in route_problem(lru, lru_hits, 6)

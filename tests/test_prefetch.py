@@ -23,6 +23,7 @@ from onebit_predict.constants import (
     ENV_PREFETCH_KEEP,
     ENV_PREFETCH_LAYERS,
     ENV_PREFETCH_MAX_BYTES,
+    ENV_PREFETCH_ORDER,
     ENV_PREFETCH_RANDOM,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
@@ -107,6 +108,33 @@ def test_layers_ahead_skip_the_first_op_of_a_larger_ubatch(tiny_model):
     assert n_moe > 1 and first["layers"] == 2
     assert (first["layers_cut"], first["layers_ops"]) == (1, n_moe - 1)
     assert (second["layers_cut"], second["layers_ops"]) == (1, 2 * n_moe - 1)
+
+
+@pytest.mark.parametrize("room, marked", [("1000", False), ("0", True)])
+def test_hits_first_only_while_route_reads(tiny_model, room, marked):
+    """--moe-prefetch-order hits marks the expert matmuls to compute the resident experts first, which asks
+    mincore of every routed expert's slice on the compute thread. Without route's reads in flight every order
+    waits as long, so the mark is lifted while the room rule holds route off (R 1000: far more than this
+    machine has; the model fits, route idles) and the matmuls run unmarked (order_marked counts the runs
+    that were marked). With the rule off (R 0) route reads and every run is marked. Before, the mark
+    stayed on whatever the rule said."""
+    from onebit_predict.llama.moe_stats import context_stats
+    from onebit_predict.llama.runner import llama
+
+    path = tiny_model("qwen3moe")
+    n_moe = len(read_experts(path).layers)
+    env = {ENV_PREFETCH_ROUTE: "1", ENV_PREFETCH_ORDER: "hits", ENV_PREFETCH_ROOM: room}
+    with Model(path, extra_bufts=False) as model:
+        toks = builtin_tokens(N_PROMPT + N_DECODE, model.n_vocab, 3)
+        with Context(model, ContextSettings(n_ubatch=8), env) as ctx:
+            ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [True] * N_PROMPT)
+            for i in range(N_DECODE):
+                ctx.decode([toks[N_PROMPT + i]], [N_PROMPT + i], [0], [True])
+            stats = context_stats(llama(), ctx.ptr)
+    assert stats is not None and stats["order"] == 1
+    # up (or gate_up), gate and down of each MoE layer, each ubatch: the prompt's two and each decoded token
+    runs = (N_PROMPT // 8 + N_DECODE) * n_moe
+    assert stats["order_marked"] in ((2 * runs, 3 * runs) if marked else (0,)), stats
 
 
 @pytest.mark.parametrize("consumer, mode", [("advise", PREFETCH_ADVISE), ("read", PREFETCH_READ)])

@@ -403,7 +403,7 @@ def keep_wait_problem(stats: dict[str, int], spec: ModeSpec, keep_cap: int | Non
         return f"ONEBIT_MOE_PREFETCH_LAYERS{asked}, the context's counters show layers {stats.get('layers')}"
     if spec.hits:
         if stats["order_marked"] == 0:
-            return "ONEBIT_MOE_PREFETCH_ORDER=hits marked no expert matmul in the graphs built"
+            return "ONEBIT_MOE_PREFETCH_ORDER=hits ran no expert matmul marked"
         if spec.lru and stats["order_reordered"] == 0:
             # the LRU pages experts out, so a routed one is read while its layer's matmuls start:
             # ggml-cpu must have taken a resident one before it at least once
