@@ -116,21 +116,11 @@ def test_hits_first_only_while_route_reads(tiny_model, room, marked):
     mincore of every routed expert's slice on the compute thread. Without route's reads in flight every order
     waits as long, so the mark is lifted while the room rule holds route off (R 1000: far more than this
     machine has; the model fits, route idles) and the matmuls run unmarked (order_marked counts the runs
-    that were marked). With the rule off (R 0) route reads and every run is marked. Before, the mark
-    stayed on whatever the rule said."""
-    from onebit_predict.llama.moe_stats import context_stats
-    from onebit_predict.llama.runner import llama
-
+    that were marked). With the rule off (R 0) route reads the evicted experts and every run is marked.
+    Before, the mark stayed on whatever the rule said."""
     path = tiny_model("qwen3moe")
     n_moe = len(read_experts(path).layers)
-    env = {ENV_PREFETCH_ROUTE: "1", ENV_PREFETCH_ORDER: "hits", ENV_PREFETCH_ROOM: room}
-    with Model(path, extra_bufts=False) as model:
-        toks = builtin_tokens(N_PROMPT + N_DECODE, model.n_vocab, 3)
-        with Context(model, ContextSettings(n_ubatch=8), env) as ctx:
-            ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [True] * N_PROMPT)
-            for i in range(N_DECODE):
-                ctx.decode([toks[N_PROMPT + i]], [N_PROMPT + i], [0], [True])
-            stats = context_stats(llama(), ctx.ptr)
+    stats = run_evicted_with_stats(path, {ENV_PREFETCH_ROUTE: "1", ENV_PREFETCH_ORDER: "hits", ENV_PREFETCH_ROOM: room})
     assert stats is not None and stats["order"] == 1
     # up (or gate_up), gate and down of each MoE layer, each ubatch: the prompt's two and each decoded token
     runs = (N_PROMPT // 8 + N_DECODE) * n_moe
