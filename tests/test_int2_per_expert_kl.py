@@ -6,8 +6,9 @@ numpy, scored end to end through the capture's hook) and every layer's map fitte
   windows, holds the values it says, and its row runs through llama.cpp's graph (a KL that differs
   from the plain row's); the command takes one variant and at most one sidecar, exit 2 otherwise.
 - kl_fit: its torch forward pass is llama.cpp's on the F16 model (KL < 1e-5 per token); a fit of
-  two steps writes a valid sidecar whose kept held-out KL is never above the start's; without torch
-  the module names the extra.
+  two steps writes a valid sidecar whose kept held-out KL is never above the start's; the router
+  term is in what the fit lowers (the routers' KL of a batch falls step by step), and only when asked;
+  without torch the module names the extra.
 """
 
 from __future__ import annotations
@@ -136,7 +137,27 @@ def test_a_short_kl_fit_writes_a_valid_sidecar(q2, tmp_path):
     write_compensator(out, got.compensator)
     again = read_compensator(out)
     check_model(again, q2)
-    assert again.rank == 16 and "then KL against F16, 2 steps" in again.fitted_on
+    assert again.rank == 16 and "then KL against F16 + 1 x the routers' KL, 2 steps" in again.fitted_on  # the default
+
+
+@pytest.mark.needs_build
+def test_the_router_term_pulls_the_routers_towards_f16s(q2, tmp_path):
+    pytest.importorskip("torch", reason=TORCH)
+    from onebit_predict.commands.compensator import main as compensator_main
+
+    start = tmp_path / "ls.comp.gguf"
+    argv = ["fit", "--model", str(H256), "--quantized", str(q2), "--out", str(start), "--source", "output"]
+    assert (
+        compensator_main([*argv, "--ranks", "16", "--rank", "16", "--tokens", "2048", "--heldout-tokens", "512"]) == 0
+    )
+
+    # one training window, so every step sees the same batch: its routers' KL before each update
+    pulled = K.fit(H256, q2, start, train_windows=1, heldout_windows=1, steps=4, batch=1, router_weight=100.0)
+    seen = [s.train_router_kl for s in pulled.steps]
+    assert all(b < a for a, b in zip(seen, seen[1:])) and seen[-1] < 0.9 * seen[0], seen
+    assert pulled.start_heldout_router_kl > 0 and "+ 100 x the routers' KL" in pulled.compensator.fitted_on
+    alone = K.fit(H256, q2, start, train_windows=1, heldout_windows=1, steps=1, batch=1, router_weight=0.0)
+    assert alone.steps[0].train_router_kl is None and "routers" not in alone.compensator.fitted_on
 
 
 def test_fit_kl_command_input_errors(run_cli, tmp_path, monkeypatch):
@@ -149,6 +170,8 @@ def test_fit_kl_command_input_errors(run_cli, tmp_path, monkeypatch):
     assert rc == 2 and "no such file" in err
     rc, _, err = run_cli(compensator_main, *base, "--start", side, "--lr", "0")
     assert rc == 2 and "'0' is not a finite number > 0" in err
+    rc, _, err = run_cli(compensator_main, *base, "--start", side, "--router-weight", "-1")
+    assert rc == 2 and "'-1' is not a finite number >= 0" in err
 
     def no_torch():
         raise K.KlFitError(f"fitting to the KL needs torch: pip install -e .[{K.EXTRA}]")

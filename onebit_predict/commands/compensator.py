@@ -46,6 +46,7 @@ from .common import (
     UsageError,
     arg_type,
     comma_list,
+    nonneg_float,
     output_parent,
     positive_float,
     positive_int,
@@ -83,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--batch", type=arg_type(positive_int), default=kl_fit.BATCH, help="windows per step")
     k.add_argument("--lr", type=arg_type(positive_float), default=kl_fit.LR, help="Adam's learning rate")
     k.add_argument("--train-windows", type=arg_type(positive_int), default=kl_fit.TRAIN_WINDOWS, help="of 256 tokens")
+    k.add_argument("--router-weight", type=arg_type(nonneg_float), default=kl_fit.ROUTER_WEIGHT,
+                   help="plus this times the routers' KL to F16's, summed over layers")  # fmt: skip
     k.add_argument("--threads", type=arg_type(positive_int), default=1, help="llama.cpp and torch threads")
     s = sub.add_parser("show", parents=[output_parent()], help="a sidecar's header and layers; --model checks it")
     s.add_argument("sidecar", type=Path, metavar="FILE")
@@ -227,25 +230,34 @@ def _fit_kl(args: argparse.Namespace) -> int:
     _require_out(args.out)
     kl_fit.require_torch()  # before the targets: the extra's name, not a traceback
     got = kl_fit.fit(args.model, args.quantized, args.start, train_windows=args.train_windows, steps=args.steps,
-                     batch=args.batch, lr=args.lr, threads=args.threads, log=logger.info)  # fmt: skip
+                     batch=args.batch, lr=args.lr, router_weight=args.router_weight, threads=args.threads,
+                     log=logger.info)  # fmt: skip
     comp_mod.write_compensator(args.out, got.compensator)
     logger.info("wrote %s", args.out)
-    rows = [[s.step, f"{s.train_kl:.5f}", f"{s.heldout_kl:.5f}"] for s in got.steps if s.heldout_kl is not None]
+    rows = [[s.step, f"{s.train_kl:.5f}", f"{s.heldout_kl:.5f}", f"{s.heldout_router_kl:.5f}"]
+            for s in got.steps if s.heldout_kl is not None]  # fmt: skip
     doc = {
         "out": str(args.out),
         "start": str(args.start),
         "start_heldout_kl": got.start_heldout_kl,
+        "start_heldout_router_kl": got.start_heldout_router_kl,
         "best_heldout_kl": got.best_heldout_kl,
         "best_step": got.best_step,
         "steps": [vars(s) for s in got.steps],
-        "settings": {"steps": args.steps, "batch": args.batch, "lr": args.lr, "train_windows": args.train_windows},
+        "settings": {
+            "steps": args.steps,
+            "batch": args.batch,
+            "lr": args.lr,
+            "train_windows": args.train_windows,
+            "router_weight": args.router_weight,
+        },
         "seconds": round(got.seconds, 1),
     }
     after = [
         f"held-out KL (the torch forward pass, {kl_fit.HELDOUT_WINDOWS} windows): {got.start_heldout_kl:.5f} at the "
         f"start, {got.best_heldout_kl:.5f} kept (step {got.best_step}); wrote {args.out}"
     ]
-    _emit(args, ["step", "batch KL", "held-out KL"], rows, doc, after=after)
+    _emit(args, ["step", "batch KL", "held-out KL", "held-out router KL"], rows, doc, after=after)
     return EXIT_OK
 
 

@@ -14,6 +14,11 @@ s)``, and the result is written as a sidecar of the same format: the runtime is 
 only the numbers change. Routing is the model's own in the forward pass (top-k of the router's
 softmax), so a map that flips a choice pays for it in the loss.
 
+A flip pays only through the logits, and a near tie at a router barely moves them. ``router_weight``
+adds, per layer, KL(F16's router softmax || the 2-bit model's) to the loss, F16's from this forward
+pass on the F16 GGUF itself: the fit then also pulls each layer's router input towards F16's, the
+thing routing agreement (agreement.py) counts.
+
 The best of the steps on held-out windows (the validation split; the fit never reads them
 otherwise) is kept, so the fit cannot end worse than it started on that measure.
 
@@ -40,12 +45,13 @@ from .moe_numpy import WEIGHT_SUM_MIN, _float32
 logger = logging.getLogger("onebit_predict")
 
 EXTRA = "fit"  # pyproject.toml's optional dependency group with torch
-TRAIN_WINDOWS = 256  # 65,536 training tokens: 64 overfit by step 25 (docs/int2.md, both runs measured)
+TRAIN_WINDOWS = 4096  # 1 Mi training tokens: 64, 256, 1024 and 4096 measured, each more held-out KL gone (docs/int2.md)
 HELDOUT_WINDOWS = 16  # held-out windows that choose the step kept
-STEPS = 150  # 256 windows: the held-out KL was lowest at step 125
+STEPS = 2400  # about 4.7 passes over 4096 windows, as 150 steps over 256; the kept step was 2000
 BATCH = 8  # windows per step
 LR = 1e-4  # 3e-4 raised the held-out KL within 25 steps
 EVAL_EVERY = 25
+ROUTER_WEIGHT = 1.0  # the logits' KL alone lowered routing agreement below the least-squares start's (docs/int2.md)
 
 
 class KlFitError(ValueError):
@@ -119,9 +125,12 @@ class TorchQwen3Moe:
     def _norm(self, x: Any, w: Any) -> Any:
         return x * self.torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.hp.eps) * w
 
-    def logits(self, tokens: Any, comp: Sequence[tuple[Any, Any]] | None = None) -> Any:
+    def logits(
+        self, tokens: Any, comp: Sequence[tuple[Any, Any]] | None = None, routers: list[Any] | None = None
+    ) -> Any:
         """Logits (B, T, n_vocab) of token windows (B, T), every window from position 0; ``comp``:
-        per layer (down (r, n_embd), up (n_embd, r)), the correction ``y + up (down y)``."""
+        per layer (down (r, n_embd), up (n_embd, r)), the correction ``y + up (down y)``; ``routers``,
+        if given, gets each layer's router log-softmax (B T, n_expert) appended."""
         torch, hp, w = self.torch, self.hp, self.w
         b, t = tokens.shape
         pos = torch.arange(t)
@@ -142,18 +151,21 @@ class TorchQwen3Moe:
             o = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, hp.n_head * hp.head_dim)
             h = h + o @ w[p + "attn_output.weight"].T
             x = self._norm(h, w[p + "ffn_norm.weight"])
-            y = self._moe(li, x)
+            y = self._moe(li, x, routers)
             if comp is not None:
                 down, up = comp[li]
                 y = y + (y @ down.T) @ up.T
             h = h + y
         return self._norm(h, w["output_norm.weight"]) @ w["output.weight"].T
 
-    def _moe(self, li: int, x: Any) -> Any:
+    def _moe(self, li: int, x: Any, routers: list[Any] | None = None) -> Any:
         torch, hp, w = self.torch, self.hp, self.w
         p = f"blk.{li}."
         flat = x.reshape(-1, hp.n_embd)
-        probs = (flat @ w[p + "ffn_gate_inp.weight"].T).softmax(-1)
+        scores = flat @ w[p + "ffn_gate_inp.weight"].T
+        if routers is not None:
+            routers.append(scores.log_softmax(-1))
+        probs = scores.softmax(-1)
         weights, experts = probs.topk(hp.n_expert_used, dim=-1)
         weights = weights / weights.sum(-1, keepdim=True).clamp_min(WEIGHT_SUM_MIN)
         out = torch.zeros_like(flat)
@@ -171,17 +183,21 @@ class TorchQwen3Moe:
 @dataclass(frozen=True)
 class FitStep:
     step: int
-    train_kl: float  # the step's batch, before the update
+    train_kl: float  # the step's batch, before the update: the logits' KL
+    train_router_kl: float | None  # the same batch's routers' KL, summed over layers (None: no router term)
     heldout_kl: float | None  # the forward pass's held-out KL after EVAL_EVERY steps
+    heldout_router_kl: float | None  # the held-out routers' KL, then
 
 
 @dataclass(frozen=True)
 class KlFit:
-    """What :func:`fit` made: the sidecar, the steps, the held-out KL at the start and of the step kept."""
+    """What :func:`fit` made: the sidecar, the steps, the held-out KL at the start and of the step kept
+    (the logits' KL; with a router weight the step kept is the one whose loss, both terms, was lowest)."""
 
     compensator: Compensator
     steps: list[FitStep]
     start_heldout_kl: float
+    start_heldout_router_kl: float
     best_heldout_kl: float
     best_step: int
     seconds: float
@@ -191,6 +207,22 @@ def _targets(full: Path, sets: Sequence[Sequence[np.ndarray]], threads: int) -> 
     """F16's log-probabilities (n, T, n_vocab) float32 of each set of windows, from llama.cpp (one load)."""
     with Capturer(full, threads) as cap:
         return [np.stack([cap.logprobs(w).astype(np.float32) for w in wins]) for wins in sets]
+
+
+def _router_targets(full: Path, tokens: Any, batch: int) -> Any:
+    """F16's router log-softmax (n_layer, n, T, n_expert) of the windows ``tokens`` (n, T), from this
+    forward pass on the F16 GGUF (no llama.cpp API hands out the routers' probabilities; this pass's
+    F16 logits are llama.cpp's, tested)."""
+    ref = TorchQwen3Moe(full)
+    torch = ref.torch
+    out: list[list[Any]] = [[] for _ in range(ref.hp.n_layer)]
+    with torch.no_grad():
+        for i in range(0, len(tokens), batch):
+            got: list[Any] = []
+            ref.logits(tokens[i : i + batch], None, got)
+            for li, lp in enumerate(got):
+                out[li].append(lp.view(len(tokens[i : i + batch]), tokens.shape[1], -1))
+    return torch.stack([torch.cat(per, 0) for per in out])  # (n_layer, n, T, n_expert)
 
 
 def fit(
@@ -203,11 +235,13 @@ def fit(
     steps: int = STEPS,
     batch: int = BATCH,
     lr: float = LR,
+    router_weight: float = ROUTER_WEIGHT,
     threads: int = 1,
     seed: int = 0,
     log: Callable[[str], None] = lambda _: None,
 ) -> KlFit:
-    """Fit ``start`` (a least-squares sidecar of ``quantized``, output source) to the KL against ``full``."""
+    """Fit ``start`` (a least-squares sidecar of ``quantized``, output source) to the KL against ``full``,
+    plus ``router_weight`` times the routers' KL summed over layers (0: the logits alone)."""
     torch = require_torch()
     began = time.monotonic()
     torch.manual_seed(seed)
@@ -225,6 +259,9 @@ def fit(
     tgt_train, tgt_held = (torch.from_numpy(t) for t in _targets(full, [train_w, held_w], threads))
     x_train = torch.from_numpy(np.stack(train_w).astype(np.int64))
     x_held = torch.from_numpy(np.stack(held_w).astype(np.int64))
+    log("F16 router targets through the forward pass on the F16 GGUF")  # held-out: reported whatever the weight
+    r_held = _router_targets(full, x_held, batch)
+    r_train = _router_targets(full, x_train, batch) if router_weight > 0 else None
     params = []
     for li in range(model.hp.n_layer):
         ly = comp.layers[li]
@@ -237,18 +274,36 @@ def fit(
     flat = [p for pair in params for p in pair]
     opt = torch.optim.Adam(flat, lr=lr)
 
-    def kl(x: Any, target: Any) -> Any:
-        lp = model.logits(x, params).log_softmax(-1)
-        return (target.exp() * (target - lp)).sum(-1).mean()
+    def losses(x: Any, target: Any, r_target: Any) -> tuple[Any, Any]:
+        """The logits' KL and the routers' KL summed over layers (0 without router targets)."""
+        got: list[Any] | None = [] if r_target is not None else None
+        lp = model.logits(x, params, got).log_softmax(-1)
+        logits_kl = (target.exp() * (target - lp)).sum(-1).mean()
+        if got is None:
+            return logits_kl, torch.zeros(())
+        router_kl = torch.zeros(())
+        for li, lp_r in enumerate(got):
+            ref = r_target[li].reshape(lp_r.shape)
+            router_kl = router_kl + (ref.exp() * (ref - lp_r)).sum(-1).mean()
+        return logits_kl, router_kl
 
-    def heldout() -> float:
+    def part(r: Any, idx: Any) -> Any:
+        return None if r is None else r[:, idx]
+
+    def heldout() -> tuple[float, float]:
+        """The held-out (logits KL, router KL), means over the windows."""
+        total = np.zeros(2)
         with torch.no_grad():
-            return float(sum(kl(x_held[i : i + batch], tgt_held[i : i + batch]) * len(x_held[i : i + batch])
-                             for i in range(0, len(x_held), batch)) / len(x_held))  # fmt: skip
+            for i in range(0, len(x_held), batch):
+                idx = torch.arange(i, min(i + batch, len(x_held)))
+                a, b = losses(x_held[idx], tgt_held[idx], part(r_held, idx))
+                total += np.array([float(a), float(b)]) * len(idx)
+        return total[0] / len(x_held), total[1] / len(x_held)
 
-    first = best = heldout()
+    first, first_router = heldout()
+    best_logits, best = first, first + router_weight * first_router
     best_step, best_params = 0, [p.detach().clone() for p in flat]
-    log(f"held-out KL (torch) at the least-squares start: {first:.5f}")
+    log(f"held-out KL (torch) at the least-squares start: {first:.5f}, routers {first_router:.5f}")
     history = []
     order = torch.randperm(len(x_train))
     for step in range(1, steps + 1):
@@ -256,17 +311,21 @@ def fit(
         if at < batch and step > 1:
             order = torch.randperm(len(x_train))
         idx = order[at : at + batch]
-        loss = kl(x_train[idx], tgt_train[idx])
+        logits_kl, router_kl = losses(x_train[idx], tgt_train[idx], part(r_train, idx))
+        loss = logits_kl + router_weight * router_kl
         opt.zero_grad()
         loss.backward()
         opt.step()
-        batch_kl, held = float(loss.detach()), None
+        batch_kl, held, held_router = float(logits_kl.detach()), None, None
         if step % EVAL_EVERY == 0 or step == steps:
-            held = heldout()
-            if held < best:
-                best, best_step, best_params = held, step, [p.detach().clone() for p in flat]
-            log(f"step {step}: batch KL {batch_kl:.5f}, held-out {held:.5f} (best {best:.5f} at {best_step})")
-        history.append(FitStep(step, batch_kl, held))
+            held, held_router = heldout()
+            if held + router_weight * held_router < best:
+                best, best_logits, best_step = held + router_weight * held_router, held, step
+                best_params = [p.detach().clone() for p in flat]
+            log(f"step {step}: batch KL {batch_kl:.5f}, held-out {held:.5f}, routers {held_router:.5f} "
+                f"(best {best_logits:.5f} at {best_step})")  # fmt: skip
+        batch_router = float(router_kl.detach()) if r_train is not None else None
+        history.append(FitStep(step, batch_kl, batch_router, held, held_router))
     layers = {
         li: CompensatorLayer(
             down=np.ascontiguousarray(best_params[2 * li].numpy(), np.float32),
@@ -274,7 +333,9 @@ def fit(
         )
         for li in range(model.hp.n_layer)
     }
-    fitted_on = f"{comp.fitted_on}; then KL against F16, {steps} steps of {batch} windows, kept step {best_step}"
+    routers = f" + {router_weight:g} x the routers' KL" if router_weight > 0 else ""
+    fitted_on = (f"{comp.fitted_on}; then KL against F16{routers}, {steps} steps of {batch} windows, "
+                 f"kept step {best_step}")  # fmt: skip
     out = replace(comp, layers=layers, fitted_on=fitted_on)
     out.validate(str(start))
-    return KlFit(out, history, first, best, best_step, time.monotonic() - began)
+    return KlFit(out, history, first, first_router, best_logits, best_step, time.monotonic() - began)
