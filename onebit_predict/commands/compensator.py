@@ -10,9 +10,9 @@
   the 2-bit model with the written sidecar applied by llama.cpp (ONEBIT_MOE_COMPENSATOR) and reports,
   against F16's, the KL divergence, top-1 agreement and next-token loss with and without it;
 - ``fit-kl --model F16.gguf --quantized Q2.gguf --start LS.gguf --out FILE.gguf`` refits a ``fit``
-  sidecar (output source) to the KL against F16's logits, all layers together, by Adam steps
-  through a torch forward pass of the 2-bit model (int2/kl_fit.py; torch is the optional ``fit``
-  extra, its absence an input error naming it); the step with the lowest held-out KL is written;
+  sidecar (output source) to the KL against F16's logits plus ``--router-weight`` times its routers'
+  KL, all layers together, by Adam steps through a torch forward pass (int2/kl_fit.py; torch is the
+  optional ``fit`` extra, its absence an input error naming it); the best held-out step is written;
 - ``show FILE [--model Q2.gguf]`` prints the sidecar's header and per-layer norms and, with
   ``--model``, checks that the sidecar was fitted for that model (exit 1 when it was not); a file
   the reader refuses (a layer whose gain bound ``||up||*||down||`` exceeds 65504, F16's largest value,
@@ -229,30 +229,15 @@ def _fit_kl(args: argparse.Namespace) -> int:
         require_file(path)
     _require_out(args.out)
     kl_fit.require_torch()  # before the targets: the extra's name, not a traceback
-    got = kl_fit.fit(args.model, args.quantized, args.start, train_windows=args.train_windows, steps=args.steps,
-                     batch=args.batch, lr=args.lr, router_weight=args.router_weight, threads=args.threads,
-                     log=logger.info)  # fmt: skip
+    settings = {k: getattr(args, k) for k in kl_fit.SETTINGS}
+    got = kl_fit.fit(args.model, args.quantized, args.start, threads=args.threads, log=logger.info, **settings)
     comp_mod.write_compensator(args.out, got.compensator)
     logger.info("wrote %s", args.out)
     rows = [[s.step, f"{s.train_kl:.5f}", f"{s.heldout_kl:.5f}", f"{s.heldout_router_kl:.5f}"]
             for s in got.steps if s.heldout_kl is not None]  # fmt: skip
-    doc = {
-        "out": str(args.out),
-        "start": str(args.start),
-        "start_heldout_kl": got.start_heldout_kl,
-        "start_heldout_router_kl": got.start_heldout_router_kl,
-        "best_heldout_kl": got.best_heldout_kl,
-        "best_step": got.best_step,
-        "steps": [vars(s) for s in got.steps],
-        "settings": {
-            "steps": args.steps,
-            "batch": args.batch,
-            "lr": args.lr,
-            "train_windows": args.train_windows,
-            "router_weight": args.router_weight,
-        },
-        "seconds": round(got.seconds, 1),
-    }
+    kept = ("start_heldout_kl", "start_heldout_router_kl", "best_heldout_kl", "best_step")
+    doc = {"out": str(args.out), "start": str(args.start), **{k: getattr(got, k) for k in kept}, "settings": settings}
+    doc.update(steps=[vars(s) for s in got.steps], seconds=round(got.seconds, 1))
     after = [
         f"held-out KL (the torch forward pass, {kl_fit.HELDOUT_WINDOWS} windows): {got.start_heldout_kl:.5f} at the "
         f"start, {got.best_heldout_kl:.5f} kept (step {got.best_step}); wrote {args.out}"

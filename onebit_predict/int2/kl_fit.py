@@ -51,6 +51,7 @@ STEPS = 2400  # about 4.7 passes over 4096 windows, as 150 steps over 256; the k
 BATCH = 8  # windows per step
 LR = 1e-4  # 3e-4 raised the held-out KL within 25 steps
 EVAL_EVERY = 25
+SETTINGS = ("train_windows", "steps", "batch", "lr", "router_weight")  # fit()'s knobs a report records
 ROUTER_WEIGHT = 1.0  # the logits' KL alone lowered routing agreement below the least-squares start's (docs/int2.md)
 
 
