@@ -37,6 +37,20 @@ def q2(tmp_path_factory) -> Path:
     return Store(H256, tmp_path_factory.mktemp("int2"), threads=1, train_tokens=2048).variant("q2_k").path
 
 
+@pytest.fixture(scope="module")
+def start(q2, tmp_path_factory) -> Path:
+    """A rank-16 least-squares sidecar of ``q2`` (output source): the KL fits' start, fitted once."""
+    pytest.importorskip("torch", reason=TORCH)  # only the KL fits use it: no fit where they skip
+    from onebit_predict.commands.compensator import main as compensator_main
+
+    out = tmp_path_factory.mktemp("ls") / "ls.comp.gguf"
+    argv = ["fit", "--model", str(H256), "--quantized", str(q2), "--out", str(out), "--source", "output"]
+    assert (
+        compensator_main([*argv, "--ranks", "16", "--rank", "16", "--tokens", "2048", "--heldout-tokens", "512"]) == 0
+    )
+    return out
+
+
 @pytest.mark.needs_build
 def test_a_map_per_expert(q2):
     fits = P.fit(H256, q2, [16], train_windows=8)
@@ -121,16 +135,9 @@ def test_the_torch_forward_pass_is_llama_cpp_s():
 
 
 @pytest.mark.needs_build
-def test_a_short_kl_fit_writes_a_valid_sidecar(q2, tmp_path):
-    pytest.importorskip("torch", reason=TORCH)
-    from onebit_predict.commands.compensator import main as compensator_main
+def test_a_short_kl_fit_writes_a_valid_sidecar(q2, start, tmp_path):
     from onebit_predict.int2.compensator import check_model, read_compensator, write_compensator
 
-    start = tmp_path / "ls.comp.gguf"
-    argv = ["fit", "--model", str(H256), "--quantized", str(q2), "--out", str(start), "--source", "output"]
-    assert (
-        compensator_main([*argv, "--ranks", "16", "--rank", "16", "--tokens", "2048", "--heldout-tokens", "512"]) == 0
-    )
     got = K.fit(H256, q2, start, train_windows=2, heldout_windows=2, steps=2, batch=1)
     assert got.best_heldout_kl <= got.start_heldout_kl and len(got.steps) == 2
     out = tmp_path / "kl.comp.gguf"
@@ -141,16 +148,7 @@ def test_a_short_kl_fit_writes_a_valid_sidecar(q2, tmp_path):
 
 
 @pytest.mark.needs_build
-def test_the_router_term_pulls_the_routers_towards_f16s(q2, tmp_path):
-    pytest.importorskip("torch", reason=TORCH)
-    from onebit_predict.commands.compensator import main as compensator_main
-
-    start = tmp_path / "ls.comp.gguf"
-    argv = ["fit", "--model", str(H256), "--quantized", str(q2), "--out", str(start), "--source", "output"]
-    assert (
-        compensator_main([*argv, "--ranks", "16", "--rank", "16", "--tokens", "2048", "--heldout-tokens", "512"]) == 0
-    )
-
+def test_the_router_term_pulls_the_routers_towards_f16s(q2, start):
     # one training window, so every step sees the same batch: its routers' KL before each update
     pulled = K.fit(H256, q2, start, train_windows=1, heldout_windows=1, steps=4, batch=1, router_weight=100.0)
     seen = [s.train_router_kl for s in pulled.steps]
