@@ -34,6 +34,7 @@ from onebit_predict.costmodel.measured import load_measured
 from onebit_predict.costmodel.row_config import RowConfig
 from onebit_predict.llama import cgroup, evict, read_ahead
 from onebit_predict.llama.cgroup import CgroupError, MemoryCgroup, drop_from_page_cache
+from onebit_predict.llama.drive import DriveFigures
 from onebit_predict.llama.evict import EvictionNotHeld, expert_spans, require_evicted, resident_expert_bytes
 from onebit_predict.trace import TraceHeader
 from onebit_predict.trace_writer import TraceWriter
@@ -360,17 +361,13 @@ def test_a_refused_run_is_exit_1(tmp_path, monkeypatch, capsys):
     model = _private_model(tmp_path)
     monkeypatch.setattr(rounds, "worker_json", lambda *a, **k: pytest.fail("a worker was started"))
     monkeypatch.setattr(bench_memory, "run_one", lambda *a, **k: None)  # no oracle source run
-    monkeypatch.setattr("onebit_predict.llama.drive.measure_drive", lambda d: _Drive())
+    monkeypatch.setattr("onebit_predict.llama.drive.measure_drive", lambda d: DriveFigures("/", 1000.0, 50.0))
     monkeypatch.setattr("onebit_predict.llama.cgroup.MemoryCgroup", _NoGroup)
     monkeypatch.setattr("onebit_predict.commands.bench.build_info", lambda: _Build(tmp_path))
     with _resident(model):
         assert bench_main([str(model), "--memory-limit", "64MiB", "--rounds", "1"]) == EXIT_CHECK_FAILED
     err = capsys.readouterr().err
     assert "patched off: " in err and "expert pages resident before its first token" in err
-
-
-class _Drive:
-    directory, bandwidth_mb_s, page_read_us = "/", 1000.0, 50.0
 
 
 class _NoGroup:

@@ -22,7 +22,7 @@ from onebit_predict.constants import (
 )
 from onebit_predict.costmodel.keep import ExpertLRU, keep_capacity
 from onebit_predict.costmodel.kernel import Kernel, PageCache, PageDrive
-from onebit_predict.costmodel.layout import synthetic_layout
+from onebit_predict.costmodel.layout import hits_first, synthetic_layout
 from onebit_predict.costmodel.measured import load_measured
 from onebit_predict.costmodel.pages import _Engine, _Sim, run_config
 from onebit_predict.costmodel.routing import load_routing
@@ -347,3 +347,39 @@ def test_a_pread_worker_reads_a_range_whole_and_waits_for_all_of_it():
     touched.push(0.0, [(10, 13)], layer=1, urgent=True)
     e2.run()
     assert len({k2.cache.ready(p) for p in range(10, 13)}) == 3  # one after another
+
+
+def test_hits_first_computes_the_resident_expert_while_the_missing_one_is_read(tmp_path):
+    """ONEBIT_MOE_PREFETCH_ORDER=hits with route time: the route-time op queues a layer's missing slices
+    tensor by tensor, and each expert matmul takes the expert wholly in the page cache first. Layer 0
+    routes experts 1 and 2 at the first decoded token, then 0 and 1: in index order the compute thread
+    waits on expert 0's slices first; with hits first it computes expert 1's while they are read, so it
+    stalls less, reads the same pages and finds the same ones missing. Without route: refused."""
+    lay = synthetic_layout({0: 3 * P}, n_expert=4)
+    # layer 0: down at pages 0-3, gate 4-7, up 8-11: the matmuls' order is up, gate, down
+    assert lay.tensor_ranges(0, [2, 0]) == [[(0, 8, 9), (2, 10, 11)], [(0, 4, 5), (2, 6, 7)], [(0, 0, 1), (2, 2, 3)]]
+    # wholly resident first (1), then the most read (2: half), ties and the rest by index
+    assert hits_first([(0, 0, 2), (1, 2, 4), (2, 4, 6), (3, 6, 8)], {2, 3, 4}) == [
+        (1, 2, 4),
+        (2, 4, 6),
+        (0, 0, 2),
+        (3, 6, 8),
+    ]
+    path = tmp_path / "hits.bin"
+    h = TraceHeader.build(n_layer=1, n_expert=4, n_expert_used=2, depth=2, mode=MODE_ROUTER, layers=set(), model="h")
+    with TraceWriter(path, h) as w:
+        for pos, actual in enumerate([[1, 2], [1, 2], [0, 1]]):
+            w.add(step=pos, seq_id=0, pos=pos, layer=0, actual=actual, pred=None, decode=pos > 0)
+    trace = Trace.open(path)
+    model = tiny_model(layer_ms=4.0)
+    plain, hits = (
+        run_config(load_routing(trace), lay, model, None, "off", "x", trace, route=True, order=order)
+        for order in (False, True)
+    )
+    assert (plain.order, hits.order) == (False, True)
+    assert hits.stall_ms < plain.stall_ms
+    assert hits.total_ms < plain.total_ms
+    assert hits.counts.pages_read == plain.counts.pages_read
+    assert hits.route_missing_pages == plain.route_missing_pages > 0
+    with pytest.raises(ValueError, match="hits first is played with route time"):
+        run_config(load_routing(trace), lay, model, None, "off", "x", trace, order=True)

@@ -133,6 +133,23 @@ def test_floor_and_physical_limit_arithmetic(matrix):
     assert nvme.row("patched off").read_over_floor == pytest.approx(80.0 / 60.0)
 
 
+def test_the_native_limit_takes_the_drives_random_reads(tmp_path):
+    """A report with the drive's 1 MiB random reads at the workers' depth (since 2026-12-05): the native
+    cell's physical limit is at their bandwidth, below or above the sequential one (a token's misses are
+    random slices); a report without them keeps the sequential; the emulated cells keep their profile's."""
+    slow = {"bandwidth_mb_s": 1000.0, "random_mb_s": 400.0, "page_read_us": 70.0, "read_ahead_kb": 128}
+    cells = drive_cells([load_measured(report(tmp_path / "r.json", matrix_rows(), drive=slow))])
+    native, nvme = cell(cells, "native @128", HALF), cell(cells, "nvme", HALF)
+    assert native.bandwidth == pytest.approx(4e8)
+    assert native.physical_limit_tok_s == pytest.approx(4e8 / (60 * MIB))  # 2.5x below the sequential's
+    assert nvme.bandwidth == 6e9
+    fast = slow | {"random_mb_s": 3000.0}  # a sequential probe slower than the random reads at depth
+    cells = drive_cells([load_measured(report(tmp_path / "f.json", matrix_rows(), drive=fast))])
+    assert cell(cells, "native @128", HALF).bandwidth == pytest.approx(3e9)
+    cells = drive_cells([load_measured(report(tmp_path / "o.json", matrix_rows()))])  # before: sequential
+    assert cell(cells, "native @128", HALF).bandwidth == pytest.approx(1e9)
+
+
 def test_ratios_are_per_cell(tmp_path):
     rows = matrix_rows(drives=("nvme", "sata"))
     rows = [r | {"median_tok_s": r["median_tok_s"] * 2} if r["config"]["drive"] == "sata" else r for r in rows]

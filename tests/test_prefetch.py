@@ -266,6 +266,8 @@ def test_drive_measurement_needs_a_writable_directory(tmp_path):
         measure_drive(tmp_path / "missing")
     figures = measure_drive(tmp_path, size=4 << 20)
     assert figures.bandwidth_mb_s > 0 and figures.page_read_us > 0
+    assert figures.random_mb_s is not None and figures.random_mb_s > 0  # 1 MiB random reads, 8 at a time
+    assert "MB/s in random 1 MiB reads x8" in figures.words()
     assert list(tmp_path.iterdir()) == []  # the scratch file is gone
 
 

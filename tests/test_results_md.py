@@ -158,6 +158,7 @@ LIMITS_COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
     "floor MiB/token": (row_field("floor_mib_per_token"), ""),
     "Belady floor MiB/token": (row_field("belady_floor_mib_per_token"), ""),
     "physical limit tok/s": (row_field("physical_limit_tok_s"), ""),
+    "drive MB/s": (lambda r: None if r["bandwidth_bytes_s"] is None else r["bandwidth_bytes_s"] / 1e6, ""),
     "% of physical": (fraction("of_physical_limit"), ""),
     "retention-aware limit tok/s": (row_field("retention_limit_tok_s"), ""),
     "% of retention": (fraction("of_retention_limit"), ""),

@@ -518,7 +518,7 @@ def run_memory(
     extra["drives"] = drives_report(drives, model)
     extra["compensator"] = None if compensator is None else str(compensator)
     extra |= prefill_report(prefill, prompt_tokens or (), us)
-    words = f"{setting.text()}, {drive.bandwidth_mb_s:.0f} MB/s sequential{drives_text(drives)}"
+    words = f"{setting.text()}, {drive.words()}{drives_text(drives)}"
     if compensator is not None:
         words += f", every row with the compensator {compensator.name}"
     return rows, prefill, extra, words

@@ -150,12 +150,7 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
     method, notes, expert_bytes = detect_eviction(args.model, lib)
     with run_state.scratch(args.model.resolve().parent, SCRATCH_PREFIX):  # its 256 MiB file, if this run is killed
         drive = measure_drive(args.model.resolve().parent)
-    logger.info(
-        "drive under %s: %.0f MB/s sequential, %.0f us per random 4 KiB read",
-        drive.directory,
-        drive.bandwidth_mb_s,
-        drive.page_read_us,
-    )
+    logger.info("drive under %s: %s", drive.directory, drive.words())
     for note in notes:
         logger.info("eviction %s", note)
     if args.evict_method != "auto":
@@ -184,8 +179,7 @@ def _cold(args: argparse.Namespace, opts: BenchOptions, lib: Path) -> int:
                 f"model {args.model.name}, experts evicted before every token ({method}; "
                 f"{expert_bytes / 2**20:.2f} MiB of expert weights), {opts.rounds} alternating "
                 f"rounds, prompt {opts.prompt}, {opts.generate} decoded tokens, "
-                f"{opts.threads} threads; drive {drive.bandwidth_mb_s:.0f} MB/s sequential, "
-                f"{drive.page_read_us:.0f} us per random 4 KiB read",
+                f"{opts.threads} threads; drive {drive.words()}",
             )
         )
     return EXIT_OK

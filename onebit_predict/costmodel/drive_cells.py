@@ -22,7 +22,9 @@ The cell's **physical limit** (:func:`physical_limit`) is ``1 / max(compute_s, f
 tok/s: compute_s is 1 / the resident "patched off" tok/s of the same model on the same drive (at
 the same readahead, else at any, else on another drive: a resident run reads nothing) in any of the
 reports, None where none has it (then the limit is None); bandwidth is the emulated drive's profile's (bytes/s) or the
-native drive's measured one (the report's ``drive.bandwidth_mb_s``, or its samples' median).
+native drive's measured one (:func:`native_bandwidth`: since 2026-12-05 the report's ``drive.random_mb_s``, 1 MiB
+random reads at the workers' depth, the reads a token's misses are; before, ``drive.bandwidth_mb_s``, sequential, or
+its samples' median).
 
 Where a row's tokens' time went (:attr:`CellRow.decode`, the report row's ``decode``: compute and
 waiting per token, reports since issue 30; None before) is drawn against two limits per cell: the
@@ -297,7 +299,7 @@ def drive_cells(reports: Sequence[Measured]) -> list[Cell]:
                 continue
             emulated = drive != NATIVE
             profile = rep.drive(drive) if emulated else None
-            bandwidth = profile.bandwidth if profile is not None else (None if emulated else rep.bandwidth)
+            bandwidth = profile.bandwidth if profile is not None else (None if emulated else native_bandwidth(rep))
             keys = ((rep.model, drive, ra), (rep.model, drive, None), (rep.model, None, None))
             cs = next((compute[k] for k in keys if k in compute), (None, None, None))
             cells[key] = _cell(labels[(drive, ra)], drive, ra, emulated, size, limit, bandwidth, cs, rows, rep.path)
@@ -377,6 +379,13 @@ def _cell(
         tuple(out),
         report,
     )
+
+
+def native_bandwidth(rep: Measured) -> float | None:
+    """The native drive's bytes/s for the physical limit: its 1 MiB random reads at the workers' depth where
+    the report measured them (since 2026-12-05: a token's misses are random slices, read several at once,
+    and that is the rate a drive serves them at), else its sequential reads (the reports before)."""
+    return rep.random_bandwidth or rep.bandwidth
 
 
 def route_floor(route: MeasuredRow | None, limit: int) -> float | None:

@@ -10,7 +10,7 @@ experts) or from one expert size per layer (:func:`synthetic_layout`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -65,6 +65,19 @@ class ExpertLayout:
                         out.append(p)
         return out
 
+    def tensor_ranges(self, layer: int, experts: Iterable[int]) -> list[list[tuple[int, int, int]]]:
+        """Per tensor of the layer, in the order it reads them, each expert's ``(expert, first, end)`` page
+        range, experts ascending: what a matmul of ``--moe-prefetch-order hits`` orders (pages.py)."""
+        ids = sorted(set(int(e) for e in experts if e >= 0))
+        out = []
+        for t in self.layers[layer]:
+            per = []
+            for e in ids:
+                a = t.offset + e * t.slice_bytes
+                per.append((e, a // self.page_size, -(-(a + t.slice_bytes) // self.page_size)))
+            out.append(per)
+        return out
+
     def dense_pages(self, layer: int | None) -> list[int]:
         """The dense pages a layer reads before its router (None: the output head's, after the last layer)."""
         ranges = self.head if layer is None else self.dense.get(layer, ())
@@ -110,6 +123,17 @@ def layout_from_gguf(path: str | Path) -> tuple[ExpertLayout, int]:
         experts.file_bytes, ordered, experts.n_expert, f"gguf {path}", PAGE_SIZE, experts.dense, experts.head
     )
     return layout, experts.n_expert
+
+
+def hits_first(ranges: Sequence[tuple[int, int, int]], cached: Container[int]) -> list[tuple[int, int, int]]:
+    """One tensor's ``(expert, first, end)`` page ranges in the order a hits-first matmul takes them (patch
+    0026): by the share of the slice's pages in ``cached`` when it starts (pages under I/O count, as mincore
+    sees them), most first, so the wholly resident lead; ties by index."""
+
+    def held(r: tuple[int, int, int]) -> float:
+        return sum(1 for p in range(r[1], r[2]) if p in cached) / max(1, r[2] - r[1])
+
+    return sorted(ranges, key=lambda r: (-held(r), r[0]))
 
 
 def synthetic_layout(expert_bytes: dict[int, float], n_expert: int) -> ExpertLayout:

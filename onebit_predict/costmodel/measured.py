@@ -4,7 +4,7 @@ Two reports carry rows the page-granular model (costmodel/pages.py) can be playe
 
 - ``onebit-bench MODEL --memory-limit 50%,25% --json`` (commands/bench.py ``_memory``):
   top-level ``expert_bytes`` (all the routed experts' bytes), ``drive``
-  (``bandwidth_mb_s``, ``page_read_us``), ``memory_limits`` and ``rows``, one per
+  (``bandwidth_mb_s``, ``page_read_us``, ``random_mb_s`` since 2026-12-05), ``memory_limits`` and ``rows``, one per
   configuration and limit (checks/bench_memory.py ``MemoryRow``: ``limit_bytes``, ``name``,
   ``median_tok_s``, ``read_mib_per_token``, ``major_faults_per_token``, ..., ``env``,
   ``config``);
@@ -241,6 +241,7 @@ class Measured:
     drives: tuple[EmulatedDrive, ...] = ()  # the emulated drives its rows read from
     workers_default: int = PREFETCH_THREADS_BEFORE_ROUTE  # the consumer's workers where a row sets none
     prefill: tuple[MeasuredPrefill, ...] = ()  # its prefill_rows (none before --prompt-tokens)
+    random_bandwidth: float | None = None  # bytes/s of 1 MiB random reads at the workers' depth (None: before)
 
     @property
     def warm_tok_s(self) -> float | None:
@@ -296,6 +297,9 @@ def load_measured(path: str | Path) -> Measured:
     )
     lat = [float(s["page_read_us"]) for s in samples if s.get("page_read_us") is not None] or (
         [float(drive["page_read_us"])] if drive.get("page_read_us") is not None else []
+    )
+    rand = [float(s["random_mb_s"]) for s in samples if s.get("random_mb_s")] or (
+        [float(drive["random_mb_s"])] if drive.get("random_mb_s") else []
     )
     rows = []
     recorded = False
@@ -353,6 +357,7 @@ def load_measured(path: str | Path) -> Measured:
         _drives(drives, path),
         _workers_default(data["rows"]),
         _prefill_rows(data.get("prefill_rows"), path),
+        statistics.median(rand) * 1e6 if rand else None,
     )
 
 

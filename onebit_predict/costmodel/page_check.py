@@ -74,16 +74,16 @@ def playable(config: RowConfig | None, routing: Routing) -> bool:
     """The trace can play this configuration: the predictor off, or the trace's own (the oracle: a
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
     time's expert LRU, with a predictor's guesses in its room for them (costmodel/keep.py); route time's
-    wait (not with advise); the workers' pread. Not the matmuls' hits-first order (ONEBIT_MOE_PREFETCH_ORDER),
-    nor a batch's whole layers ahead (ONEBIT_MOE_PREFETCH_LAYERS)."""
+    wait (not with advise); the workers' pread; the matmuls' hits-first order (ONEBIT_MOE_PREFETCH_ORDER,
+    with route time). Not a batch's whole layers ahead (ONEBIT_MOE_PREFETCH_LAYERS)."""
     if config is None:
         return False
     if config.wait and (not config.route or config.consumer == "advise"):
         return False
     if config.keep not in (None, "kernel") and not config.route:
         return False
-    if config.order not in (None, "index"):
-        return False  # the model has no order within a layer's matmuls: hits first is not played
+    if config.order == "hits" and not config.route:
+        return False  # hits first orders route time's reads
     if config.layers or config.handback:
         return False  # nor batches' reads of whole layers: the trace plays decode
     if config.is_off:
@@ -243,19 +243,29 @@ def _rows_at(
             where = f"{measured.path}: {m.name}"
             config, source = played(m.config, measured.knobs_recorded, opts.prefetch_room, where)
             todo.append((config, m.name, m, source))
-    # one simulation per configuration (predictor, call, route, keep, wait) and model
-    runs: dict[tuple[str | None, str, bool, bool, bool, PageModel], PageRun] = {}
+    # one simulation per configuration (predictor, call, route, keep, wait, order) and model
+    runs: dict[tuple[str | None, str, bool, bool, bool, bool, PageModel], PageRun] = {}
     rows = []
     default_workers = s.prefetch_threads.value or (measured.workers_default if measured else PREFETCH_THREADS_DEFAULT)
     for config, name, m, source in todo:
         predictor = ORACLE if config.oracle else config.predictor
         workers = s.prefetch_threads.value or config.workers or default_workers
         played_model = replace(s.row_model(model, config, m, workers), prefetch_room=config.room or 0.0)
-        keep, wait = config.keep == "lru", bool(config.wait)
-        key = (predictor, config.consumer, config.route, keep, wait, played_model)
+        keep, wait, order = config.keep == "lru", bool(config.wait), config.order == "hits"
+        key = (predictor, config.consumer, config.route, keep, wait, order, played_model)
         if key not in runs:
             runs[key] = run_config(
-                routing, setup.layout, played_model, predictor, config.consumer, name, trace, config.route, keep, wait
+                routing,
+                setup.layout,
+                played_model,
+                predictor,
+                config.consumer,
+                name,
+                trace,
+                config.route,
+                keep,
+                wait,
+                order,
             )
         # the model has no guard: a row of a report recording its knobs that ran with one is shown,
         # not checked (reports before them: the guarded rows are checked, "no guard" beside them)

@@ -24,7 +24,9 @@ time (ONEBIT_MOE_PREFETCH_ROUTE), right after layer l's router the consumer drop
 ranges still queued for layers <= l and queues, ahead of every speculative one, the ranges of
 layer l's selected experts that are not wholly resident (in the page cache, or under I/O: what
 mincore sees); the room rule does not hold it. With its wait (ONEBIT_MOE_PREFETCH_WAIT) the compute
-thread then waits for the last of those ranges before the layer's matmuls. ``populate``
+thread then waits for the last of those ranges before the layer's matmuls. With hits first
+(ONEBIT_MOE_PREFETCH_ORDER=hits) the route-time op queues those ranges tensor by tensor and each expert
+matmul takes its experts by how much of their slice is in the page cache when it starts. ``populate``
 (MADV_POPULATE_READ) plays as ``read``.
 costmodel/page_check.py plays the configurations of a report with it.
 """
@@ -43,7 +45,7 @@ from ..constants import PREFETCH_THREADS_DEFAULT, TRACE_FLAG_DECODE, TRACE_FLAG_
 from ..trace import Trace
 from .keep import ExpertLRU, keep_capacity
 from .kernel import PAGE_CACHES, Kernel, KernelCounts, PageDrive
-from .layout import PAGE_SIZE, ExpertLayout
+from .layout import PAGE_SIZE, ExpertLayout, hits_first
 from .routing import Routing
 from .row_config import CONSUMERS, ORACLE
 
@@ -157,6 +159,7 @@ class PageRun:
     route_wait_ms: float = 0.0  # ... the compute thread's time in those waits (decode)
     spec_skipped: int = 0  # with the LRU and a predictor: guesses not read, their room full (decode)
     spec_unused: int = 0  # ... guesses read and not routed, paged out at their layer's route (decode)
+    order: bool = False  # route time's hits first (ONEBIT_MOE_PREFETCH_ORDER=hits)
 
     @property
     def tok_s(self) -> float | None:
@@ -264,6 +267,7 @@ class _Sim:
         self.keep: ExpertLRU | None = None  # route time's expert LRU, when played and the room bounds it
         self.keep_evicted = self.spec_skipped = self.spec_unused = 0  # the LRU's counts, decode only
         self.wait = False  # the route-time op waits for its layer's ranges (ONEBIT_MOE_PREFETCH_WAIT=1)
+        self.order = False  # hits first (ONEBIT_MOE_PREFETCH_ORDER=hits): reads tensor by tensor, resident first
         self.outstanding: dict[int, int] = {}  # a layer's route-time ranges queued or being read
         self.layer_waiter: tuple[_Compute, int] | None = None  # the compute thread, waiting on that layer
 
@@ -398,12 +402,16 @@ class _Compute:
         sim, cache = self.sim, self.sim.kernel.cache
         sim.drop_stale(step.layer)
         out = []
-        for e in dict.fromkeys(e for e in step.demand if e >= 0):
-            for first, end in sim.layout.expert_ranges(step.layer, e):
-                missing = sum(1 for p in range(first, end) if p not in cache)
-                if missing:
-                    out.append((first, end))
-                    sim.route_missing += missing if timed else 0
+        if sim.order:  # tensor by tensor, as the matmuls use them, each tensor's experts by index
+            ranges = [(a, b) for per in sim.layout.tensor_ranges(step.layer, step.demand) for _, a, b in per]
+        else:  # expert by expert
+            experts = dict.fromkeys(e for e in step.demand if e >= 0)
+            ranges = [r for e in experts for r in sim.layout.expert_ranges(step.layer, e)]
+        for first, end in ranges:
+            missing = sum(1 for p in range(first, end) if p not in cache)
+            if missing:
+                out.append((first, end))
+                sim.route_missing += missing if timed else 0
         sim.push(self.t, out, step.layer, urgent=True)
         if sim.keep is not None:
             evicted, unused = sim.keep.evicted, sim.keep.spec_unused
@@ -456,8 +464,22 @@ class _Compute:
                 self.t += model.op_ms
                 if not sim.held:
                     sim.push(self.t, self._ranges(step, timed), step.target)
-            yield from self._touch(self._demand(step), model.layer_ms - before, timed)
+            if sim.order:
+                yield from self._hits_first(step, model.layer_ms - before, timed)
+            else:
+                yield from self._touch(self._demand(step), model.layer_ms - before, timed)
         yield from self._touch(self._dense(None), 0.0, timed)
+
+    def _hits_first(self, step: _Step, ms: float, timed: bool) -> Generator[float | None, None, None]:
+        """A layer's expert matmuls with hits first (patch 0026): tensor by tensor, each one's experts as
+        layout.py ``hits_first`` ranks them when its matmul starts; ``ms`` shared as the tensors' pages are."""
+        per_tensor = self.sim.layout.tensor_ranges(step.layer, step.demand)
+        total = sum(b - a for per in per_tensor for _, a, b in per) or 1
+        seen: set[int] = set()
+        for per in per_tensor:
+            ranked = hits_first(per, self.sim.kernel.cache)
+            pages = [p for _, a, b in ranked for p in range(a, b) if not (p in seen or seen.add(p))]
+            yield from self._touch(pages, ms * sum(b - a for _, a, b in per) / total, timed)
 
     def _body(self) -> Generator[float | None, None, None]:
         sim, model, kernel, engine = self.sim, self.model, self.sim.kernel, self.sim.engine
@@ -493,15 +515,17 @@ def run_config(
     route: bool = False,
     keep: bool = False,
     wait: bool = False,
+    order: bool = False,
 ) -> PageRun:
     """One configuration: the predictor (the trace's, ``"oracle"``: the actual routing of the next
     layer, predicted at no cost; None or False: off), the workers' call (off, advise, read or
     populate: with the predictor, its speculative reads), ``route``: route-time reads (with the call,
     or ROUTE_CALL when it is off), ``keep``: with route time, its expert LRU (costmodel/keep.py; a
     predictor's guesses with it only into its room for guesses), ``wait``: with route time, the op waits for its layer's
-    reads before the matmuls (not with advise); ``prefill``: the trace (its prefill rows are
-    replayed first, untimed) or those steps. Speculative reads the room rule holds off
-    (``model.prefetch_room``) issue nothing: ``room_held`` in the result."""
+    reads before the matmuls (not with advise), ``order``: with route time, hits first (its reads
+    tensor by tensor, each matmul's resident experts first: :meth:`_Compute._hits_first`);
+    ``prefill``: the trace (its prefill rows are replayed first, untimed) or those steps. Speculative
+    reads the room rule holds off (``model.prefetch_room``) issue nothing: ``room_held`` in the result."""
     if consumer not in CONSUMERS:
         raise ValueError(f"unknown consumer '{consumer}' (one of {', '.join(CONSUMERS)})")
     if consumer != "off" and not predictor and not route:
@@ -510,6 +534,8 @@ def run_config(
         raise ValueError("the expert LRU is played with route time")
     if wait and (not route or consumer == "advise"):
         raise ValueError("the wait is played with route time, and not with advise (nothing to wait for)")
+    if order and not route:
+        raise ValueError("hits first is played with route time")
     oracle = predictor == ORACLE
     speculative = bool(predictor) and consumer != "off"
     call = AS_CALL[consumer] if consumer != "off" or not route else ROUTE_CALL
@@ -529,7 +555,7 @@ def run_config(
     need = layout.token_need_bytes(routing.header.n_expert_used)
     held = speculative and model.room_holds(need)
     sim = _Sim(kernel, engine, layout, call, model.workers, speculative, route, held)
-    sim.wait = wait
+    sim.wait, sim.order = wait, order
     room = model.room_bytes()
     if keep and room is not None:
         n_used, first = routing.header.n_expert_used, min(routing.layers)
@@ -569,4 +595,5 @@ def run_config(
         compute.route_wait_ms,
         sim.spec_skipped,
         sim.spec_unused,
+        order,
     )
