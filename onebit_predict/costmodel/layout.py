@@ -43,23 +43,22 @@ class ExpertLayout:
     def n_pages(self) -> int:
         return -(-self.file_bytes // self.page_size)
 
+    def _slice_pages(self, t: ExpertTensor, expert: int) -> tuple[int, int]:
+        """The page range ``[first, end)`` of one expert's slice of tensor ``t``."""
+        a = t.offset + expert * t.slice_bytes
+        return a // self.page_size, -(-(a + t.slice_bytes) // self.page_size)
+
     def expert_ranges(self, layer: int, expert: int) -> list[tuple[int, int]]:
         """The page ranges ``[first, end)`` of one expert's slices, in read order."""
-        out = []
-        for t in self.layers[layer]:
-            a = t.offset + expert * t.slice_bytes
-            out.append((a // self.page_size, -(-(a + t.slice_bytes) // self.page_size)))
-        return out
+        return [self._slice_pages(t, expert) for t in self.layers[layer]]
 
     def demand_pages(self, layer: int, experts: Iterable[int]) -> list[int]:
         """The pages a layer touches for these experts: tensor by tensor, experts ascending, each page once."""
-        ids = sorted(set(int(e) for e in experts if e >= 0))
         seen: set[int] = set()
         out: list[int] = []
-        for t in self.layers[layer]:
-            for e in ids:
-                a = t.offset + e * t.slice_bytes
-                for p in range(a // self.page_size, -(-(a + t.slice_bytes) // self.page_size)):
+        for per in self.tensor_ranges(layer, experts):
+            for _, first, end in per:
+                for p in range(first, end):
                     if p not in seen:
                         seen.add(p)
                         out.append(p)
@@ -69,14 +68,7 @@ class ExpertLayout:
         """Per tensor of the layer, in the order it reads them, each expert's ``(expert, first, end)`` page
         range, experts ascending: what a matmul of ``--moe-prefetch-order hits`` orders (pages.py)."""
         ids = sorted(set(int(e) for e in experts if e >= 0))
-        out = []
-        for t in self.layers[layer]:
-            per = []
-            for e in ids:
-                a = t.offset + e * t.slice_bytes
-                per.append((e, a // self.page_size, -(-(a + t.slice_bytes) // self.page_size)))
-            out.append(per)
-        return out
+        return [[(e, *self._slice_pages(t, e)) for e in ids] for t in self.layers[layer]]
 
     def dense_pages(self, layer: int | None) -> list[int]:
         """The dense pages a layer reads before its router (None: the output head's, after the last layer)."""

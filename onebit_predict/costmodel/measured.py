@@ -265,6 +265,13 @@ class Measured:
         return list(dict.fromkeys(r.limit_bytes for r in self.timed_rows()))
 
 
+def _rate(samples: list, drive: dict, key: str) -> float | None:
+    """A drive rate in MB/s as bytes/s: the median of the report's ``drive_samples`` that have it, else
+    its ``drive``'s; None where neither has it (0 counts as not measured)."""
+    rates = [float(s[key]) for s in samples if s.get(key)] or ([float(drive[key])] if drive.get(key) else [])
+    return statistics.median(rates) * 1e6 if rates else None
+
+
 def _num(d: dict, key: str) -> float | None:
     v = d.get(key)
     return None if v is None else float(v)
@@ -292,14 +299,8 @@ def load_measured(path: str | Path) -> Measured:
         )
     drive = data.get("drive") or {}
     samples = data.get("drive_samples") or []
-    bw = [float(s["bandwidth_mb_s"]) for s in samples if s.get("bandwidth_mb_s")] or (
-        [float(drive["bandwidth_mb_s"])] if drive.get("bandwidth_mb_s") else []
-    )
     lat = [float(s["page_read_us"]) for s in samples if s.get("page_read_us") is not None] or (
         [float(drive["page_read_us"])] if drive.get("page_read_us") is not None else []
-    )
-    rand = [float(s["random_mb_s"]) for s in samples if s.get("random_mb_s")] or (
-        [float(drive["random_mb_s"])] if drive.get("random_mb_s") else []
     )
     rows = []
     recorded = False
@@ -344,7 +345,7 @@ def load_measured(path: str | Path) -> Measured:
         kind,
         str(data.get("model", "?")),
         None if data.get("expert_bytes") is None else int(data["expert_bytes"]),
-        statistics.median(bw) * 1e6 if bw else None,
+        _rate(samples, drive, "bandwidth_mb_s"),
         statistics.median(lat) if lat else None,
         _one({r.read_ahead_kb for r in rows}),
         None if data.get("process_bytes") is None else int(data["process_bytes"]),
@@ -357,7 +358,7 @@ def load_measured(path: str | Path) -> Measured:
         _drives(drives, path),
         _workers_default(data["rows"]),
         _prefill_rows(data.get("prefill_rows"), path),
-        statistics.median(rand) * 1e6 if rand else None,
+        _rate(samples, drive, "random_mb_s"),
     )
 
 
