@@ -71,7 +71,7 @@ class KeepCase(NamedTuple):
     line: int
     env: PrefetchEnv  # ONEBIT_MOE_PREFETCH, _ROUTE and _KEEP (the other knobs unset)
     predict_mode: int  # the parsed ONEBIT_MOE_PREDICT
-    keep: int  # what decides which experts stay cached: KEEP_KERNEL or KEEP_LRU
+    keep: int  # what decides which experts stay cached: KEEP_KERNEL, KEEP_LRU or KEEP_ANON
     n_warnings: int
 
 

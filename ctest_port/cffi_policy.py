@@ -83,6 +83,7 @@ enum onebit_prefetch_mode {
 enum onebit_keep {
     ONEBIT_KEEP_KERNEL = 0,
     ONEBIT_KEEP_LRU    = 1,
+    ONEBIT_KEEP_ANON   = 2,
 };
 
 enum onebit_order {

@@ -103,7 +103,8 @@ PREFETCH_NAMES = {
 }
 KEEP_KERNEL = 0  # the kernel's page reclaim decides which experts stay cached
 KEEP_LRU = 1  # an LRU over whole experts sized to the room; the consumer pages out what it evicts
-KEEP_NAMES = {KEEP_KERNEL: "kernel", KEEP_LRU: "lru"}
+KEEP_ANON = 2  # the same LRU, its experts in anonymous memory of the consumer's own (pread, O_DIRECT)
+KEEP_NAMES = {KEEP_KERNEL: "kernel", KEEP_LRU: "lru", KEEP_ANON: "anon"}
 ORDER_INDEX = 0  # route reads expert by expert; ggml's matmuls take a layer's experts by index
 ORDER_HITS = 1  # reads tensor by tensor as the matmuls use them; resident experts first (onebit-mmid-order.h)
 ORDER_NAMES = {ORDER_INDEX: "index", ORDER_HITS: "hits"}

@@ -45,11 +45,14 @@ from .constants import (
     ENV_PREFETCH_THREADS,
     ENV_PREFETCH_WAIT,
     ENV_STATS,
+    KEEP_ANON,
     KEEP_KERNEL,
+    KEEP_LRU,
     KEEP_NAMES,
     MAX_LAYERS,
     MODE_NAMES,
     MODE_OFF,
+    ORDER_HITS,
     ORDER_INDEX,
     ORDER_NAMES,
     PREFETCH_ADVISE,
@@ -59,6 +62,7 @@ from .constants import (
     PREFETCH_MAX_BYTES_LIMIT,
     PREFETCH_NAMES,
     PREFETCH_OFF,
+    PREFETCH_PREAD,
     PREFETCH_ROOM_DEFAULT,
     PREFETCH_ROOM_MAX,
     PREFETCH_ROUTE_CALL,
@@ -474,7 +478,8 @@ def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _R
     """ONEBIT_MOE_PREFETCH, _ROUTE, _RANDOM, _WAIT, _KEEP, _ORDER and _LAYERS: speculative reads need
     a call and a predictor; route-time reads need neither and use PREFETCH_ROUTE_CALL when no call is
     named; readahead off needs the consumer on; the wait needs route-time reads by a call that
-    finishes them; keep=lru, order=hits and layers need route-time reads (any call)."""
+    finishes them; keep=lru, order=hits and layers need route-time reads (any call); keep=anon needs them
+    by pread, and implies the wait unless order=hits."""
     mode = _parse_prefetch_mode(env.mode, warnings)
     route = _parse_bool(ENV_PREFETCH_ROUTE, env.route, warnings)
     random = _parse_bool(ENV_PREFETCH_RANDOM, env.random, warnings)
@@ -501,12 +506,21 @@ def _parse_reads(env: PrefetchEnv, predict_mode: int, warnings: list[str]) -> _R
         wait = False
     keep = _parse_choice(ENV_PREFETCH_KEEP, env.keep, KEEP_MODES, warnings)
     if keep != KEEP_KERNEL and not route:
-        warnings.append(f"{ENV_PREFETCH_KEEP}=lru needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")
+        warnings.append(
+            f"{ENV_PREFETCH_KEEP}={KEEP_NAMES[keep]} needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored"
+        )
         keep = KEEP_KERNEL
+    if keep == KEEP_ANON and mode != PREFETCH_PREAD:
+        warnings.append(f"{ENV_PREFETCH_KEEP}=anon reads with pread ({ENV_PREFETCH}=pread); using lru")
+        keep = KEEP_LRU
     order = _parse_choice(ENV_PREFETCH_ORDER, env.order, ORDER_MODES, warnings)
     if order != ORDER_INDEX and not route:
         warnings.append(f"{ENV_PREFETCH_ORDER}=hits needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")
         order = ORDER_INDEX
+    if keep == KEEP_ANON and order != ORDER_HITS:
+        # the matmuls must not fault in, through the page cache, a slice a worker reads into memory of its
+        # own: the layer waits for its reads, or (order=hits) each expert's matmul for its own
+        wait = True
     layers = _parse_capped(ENV_PREFETCH_LAYERS, env.layers, 0, PREFETCH_LAYERS_MAX, warnings)
     if layers > 0 and not route:
         warnings.append(f"{ENV_PREFETCH_LAYERS}={layers} needs route-time reads ({ENV_PREFETCH_ROUTE}=1); ignored")

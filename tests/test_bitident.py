@@ -16,19 +16,15 @@ import numpy as np
 import pytest
 
 from onebit_predict.checks.bitident import (
-    CONSUMERS,
     MODES,
-    ModeSpec,
     first_mismatch,
     keep_wait_problem,
     knob_problem,
-    mode_route,
-    parse_mode,
     prediction_problem,
     route_problem,
     run_env,
-    split_mode,
 )
+from onebit_predict.checks.modes import CONSUMERS, ModeSpec, mode_route, parse_mode, split_mode
 from onebit_predict.commands.bitident import main as bitident_main
 from onebit_predict.constants import (
     ENV_ALL,
@@ -311,6 +307,11 @@ def test_route_modes_and_their_proof():
         ("advise+route+exact", ModeSpec("off", 1, "advise", route=True, exact=True)),
         ("block+pread", ModeSpec("block", 1, "pread")),
         ("route+wait", ModeSpec("off", 1, None, route=True, wait=True)),  # route's own call (read) finishes
+        ("pread+route+wait+anon", ModeSpec("off", 1, "pread", route=True, wait=True, anon=True)),
+        (
+            "block+pread+route+exact+wait+anon+hits",
+            ModeSpec("block", 1, "pread", True, True, True, anon=True, hits=True),
+        ),
     ],
 )
 def test_the_grammar_of_qualifiers(mode, want):
@@ -324,6 +325,10 @@ def test_the_grammar_of_qualifiers(mode, want):
     [
         ("route+wait+exact", "in the order exact+wait+lru"),  # misplaced: the order is fixed
         ("route+lru+lru", "once each"),
+        ("route+wait+anon", "+anon is the LRU in memory of its own: it reads with pread"),  # route's call is read
+        ("pread+route+anon", "+anon waits for its reads"),  # the wait implied is recorded: the mode names it
+        ("pread+route+wait+lru+anon", "is not +lru as well"),
+        ("pread+route+lru+anon+hits", "is not +lru as well"),
         ("block+read+wait", "+wait qualifies route time: it comes after +route"),
         ("exact+route", "+exact qualifies route time"),
         ("block+route+pread", "the call pread is misplaced: it comes before +route"),
@@ -353,10 +358,17 @@ def test_bad_modes_are_usage_errors(tmp_path, capsys):
 
 def test_the_default_modes_cover_the_qualifiers():
     specs = [parse_mode(m) for m in MODES]
-    for want in ("pread+route+exact+wait", "route+lru+hits+layers", "block+pread+route+wait+lru"):
+    for want in (
+        "pread+route+exact+wait",
+        "route+lru+hits+layers",
+        "block+pread+route+wait+lru",
+        "pread+route+wait+anon",
+    ):
         assert want in MODES
     assert any(s.exact for s in specs) and any(s.wait for s in specs) and any(s.lru for s in specs)
     assert any(s.hits and s.lru for s in specs)  # where the LRU's page-outs let the order be proved
+    assert any(s.anon and s.wait for s in specs)  # anon's layer wait
+    assert any(s.anon and s.hits and s.predictor != "off" for s in specs)  # its matmuls' wait, guesses in its room
     assert any(s.layers for s in specs)
     assert {s.consumer for s in specs} >= set(CONSUMERS)  # pread among every call
 
@@ -378,7 +390,8 @@ def test_every_qualifier_is_pinned_per_mode():
     for mode in MODES:
         env = run_env(mode, None, False, keep_cap=6)
         spec = parse_mode(mode)
-        assert (env[ENV_PREFETCH_KEEP] == "lru") == spec.lru == (env[ENV_PREFETCH_DEBUG_KEEP_CAP] is not None)
+        assert (env[ENV_PREFETCH_KEEP] == "lru") == spec.lru and (env[ENV_PREFETCH_KEEP] == "anon") == spec.anon
+        assert spec.keeps == (env[ENV_PREFETCH_DEBUG_KEEP_CAP] is not None)
         assert (env[ENV_PREFETCH_RANDOM] == "1") == spec.exact and (env[ENV_PREFETCH_WAIT] == "1") == spec.wait
         assert (env[ENV_PREFETCH_ORDER] == "hits") == spec.hits
         assert (env[ENV_PREFETCH_LAYERS] == "2") == spec.layers
@@ -389,7 +402,7 @@ def test_every_qualifier_is_pinned_per_mode():
 _ROUTED = {
     "route": 1, "route_bytes": 0, "route_resident": 4096, "prefetch_failed": 0,
     "wait": 0, "keep": 0, "keep_evicted": 0, "keep_capacity": -1, "spec_skipped": 0, "spec_unused": 0,
-    "order": 0, "order_marked": 0, "order_reordered": 0,
+    "order": 0, "order_marked": 0, "order_reordered": 0, "order_waiting": 0,
 }  # fmt: skip
 
 
@@ -415,6 +428,26 @@ def test_the_counters_prove_wait_and_lru():
     assert "not asked for" in keep_wait_problem(_ROUTED | {"keep": 1}, parse_mode("block+read"))
 
 
+def test_the_counters_prove_anon():
+    """+anon passes only with the counters' keep 2 (the LRU in memory of its own), not 1 (the page
+    cache's), with an eviction; +lru fails where the counters show anon."""
+    anon, lru = parse_mode("pread+route+wait+anon"), parse_mode("pread+route+wait+lru")
+    good = _ROUTED | {"wait": 1, "keep": 2, "keep_evicted": 5, "keep_capacity": 6}
+    assert route_problem(good, anon, 6) is None
+    assert "KEEP=anon was asked for, the context's counters show keep 1" in route_problem(good | {"keep": 1}, anon, 6)
+    assert "KEEP=lru was asked for, the context's counters show keep 2" in route_problem(good, lru, 6)
+    assert "KEEP=anon evicted nothing" in route_problem(good | {"keep_evicted": 0}, anon, 6)
+    assert "KEEP=anon was not asked for" in route_problem(good, parse_mode("pread+route+wait"))
+    env = run_env("pread+route+wait+anon", None, False, keep_cap=6)
+    assert (env[ENV_PREFETCH_KEEP], env[ENV_PREFETCH_DEBUG_KEEP_CAP], env[ENV_PREFETCH_WAIT]) == ("anon", "6", "1")
+    # with +hits each expert's matmul waits instead of the layer: ggml-cpu must have read the waiting mark
+    anon_hits = parse_mode("pread+route+anon+hits")
+    marked = good | {"wait": 0, "order": 1, "order_marked": 24}
+    assert "no expert matmul read the waiting mark" in route_problem(marked, anon_hits, 6)
+    assert route_problem(marked | {"order_waiting": 24}, anon_hits, 6) is None  # reordered or not: timing
+    assert run_env("pread+route+anon+hits", None, False, keep_cap=6)[ENV_PREFETCH_WAIT] is None
+
+
 def test_the_counters_prove_hits_first():
     """+hits passes only with the counters' order 1 and marked matmuls, and with +lru (whose page-outs
     leave routed experts being read as their matmuls start) only when ggml-cpu took a run out of index
@@ -431,7 +464,7 @@ def test_the_counters_prove_hits_first():
     assert route_problem(lru | {"order_reordered": 3}, lru_hits, 6) is None
     assert run_env("route+lru+hits", None, False, keep_cap=6)[ENV_PREFETCH_ORDER] == "hits"
     assert run_env("route+lru", None, False, keep_cap=6)[ENV_PREFETCH_ORDER] is None
-    with pytest.raises(ValueError, match="in the order exact\\+wait\\+lru\\+hits"):
+    with pytest.raises(ValueError, match="in the order exact\\+wait\\+lru\\+anon\\+hits"):
         parse_mode("route+hits+lru")
 
 
@@ -451,7 +484,7 @@ def test_the_counters_prove_layers_ahead():
     )
     assert "LAYERS was not asked for" in route_problem(on, parse_mode("route+lru+hits"), 6)
     assert run_env("route+layers", None, False)[ENV_PREFETCH_LAYERS] == "2"
-    with pytest.raises(ValueError, match="in the order exact\\+wait\\+lru\\+hits\\+layers"):
+    with pytest.raises(ValueError, match="in the order exact\\+wait\\+lru\\+anon\\+hits\\+layers"):
         parse_mode("route+layers+hits")
 
 

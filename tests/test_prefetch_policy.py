@@ -77,7 +77,7 @@ def test_parse_wait(case: WaitCase) -> None:
 
 def test_there_are_keep_cases() -> None:
     assert len(KEEP_CASES) >= 30
-    assert {c.keep for c in KEEP_CASES} == {k.KEEP_KERNEL, k.KEEP_LRU}
+    assert {c.keep for c in KEEP_CASES} == {k.KEEP_KERNEL, k.KEEP_LRU, k.KEEP_ANON}
 
 
 @pytest.mark.parametrize("case", KEEP_CASES, ids=lambda c: f"line{c.line}")
@@ -261,8 +261,10 @@ def test_wait_warning_texts(env: PrefetchEnv, predict_mode: int, texts: list[str
     assert (p.mode, p.route, p.wait) == parsed
 
 
-KEEP_BAD = "is not one of kernel|lru; using kernel"
+KEEP_BAD = "is not one of kernel|lru|anon; using kernel"
 KEEP_NEEDS = "ONEBIT_MOE_PREFETCH_KEEP=lru needs route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1); ignored"
+ANON_NEEDS = "ONEBIT_MOE_PREFETCH_KEEP=anon needs route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1); ignored"
+ANON_PREAD = "ONEBIT_MOE_PREFETCH_KEEP=anon reads with pread (ONEBIT_MOE_PREFETCH=pread); using lru"
 # (env, predict mode, the warnings in C's order: the call, _ROUTE, _RANDOM, their needs, _WAIT, its need,
 # _KEEP, its need; the call, route, wait, keep as parsed)
 KEEP_TEXTS = [
@@ -307,6 +309,42 @@ KEEP_TEXTS = [
         k.MODE_LEARNED,
         [WAIT_WORDS, KEEP_NEEDS],
         (k.PREFETCH_READ, False, False, k.KEEP_KERNEL),
+    ),
+    # anon with pread and route: kept, and the layer waits though _WAIT is unset or 0, unless the order is
+    # hits (each expert's matmul waits for its own)
+    (
+        PrefetchEnv(mode="pread", route="1", keep="anon", order="hits"),
+        k.MODE_OFF,
+        [],
+        (k.PREFETCH_PREAD, True, False, k.KEEP_ANON),
+    ),
+    (
+        PrefetchEnv(mode="pread", route="1", wait="1", keep="anon", order="hits"),
+        k.MODE_OFF,
+        [],
+        (k.PREFETCH_PREAD, True, True, k.KEEP_ANON),
+    ),
+    (PrefetchEnv(mode="pread", route="1", keep="anon"), k.MODE_OFF, [], (k.PREFETCH_PREAD, True, True, k.KEEP_ANON)),
+    (
+        PrefetchEnv(mode="pread", route="1", wait="0", keep=" ANON\t"),
+        k.MODE_ROUTER,
+        [],
+        (k.PREFETCH_PREAD, True, True, k.KEEP_ANON),
+    ),
+    # anon without route: its own name in the need, kernel, no wait
+    (
+        PrefetchEnv(mode="pread", keep="anon"),
+        k.MODE_ROUTER,
+        [ANON_NEEDS],
+        (k.PREFETCH_PREAD, False, False, k.KEEP_KERNEL),
+    ),
+    # anon with another call: the LRU in the page cache instead, the wait as given
+    (PrefetchEnv(route="1", keep="anon"), k.MODE_OFF, [ANON_PREAD], (k.PREFETCH_ROUTE_CALL, True, False, k.KEEP_LRU)),
+    (
+        PrefetchEnv(mode="read", route="1", wait="1", keep="Anon"),
+        k.MODE_OFF,
+        [ANON_PREAD],
+        (k.PREFETCH_READ, True, True, k.KEEP_LRU),
     ),
     # every warning of the two at once, in order: the call, its need, the wait's value, keep's value
     (
@@ -544,7 +582,8 @@ def test_c_constants(c_policy) -> None:
         lib.ONEBIT_PREFETCH_PREAD,
     ) == (k.PREFETCH_OFF, k.PREFETCH_ADVISE, k.PREFETCH_READ, k.PREFETCH_POPULATE, k.PREFETCH_PREAD)
     assert lib.ONEBIT_PREFETCH_ROUTE_CALL == k.PREFETCH_ROUTE_CALL
-    assert (lib.ONEBIT_KEEP_KERNEL, lib.ONEBIT_KEEP_LRU) == (k.KEEP_KERNEL, k.KEEP_LRU)
+    keeps = (lib.ONEBIT_KEEP_KERNEL, lib.ONEBIT_KEEP_LRU, lib.ONEBIT_KEEP_ANON)
+    assert keeps == (k.KEEP_KERNEL, k.KEEP_LRU, k.KEEP_ANON)
     assert (lib.ONEBIT_ORDER_INDEX, lib.ONEBIT_ORDER_HITS) == (k.ORDER_INDEX, k.ORDER_HITS)
     assert lib.ONEBIT_PREFETCH_THREADS_DEFAULT == k.PREFETCH_THREADS_DEFAULT
     assert lib.ONEBIT_PREFETCH_THREADS_MAX == k.PREFETCH_THREADS_MAX

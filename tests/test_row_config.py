@@ -71,6 +71,9 @@ def test_the_c_api_settings_leave_nothing_to_the_environment():
         ({"predictor": "block", "consumer": "advise", "oracle": True}, "the oracle"),
         ({"predictor": "router", "consumer": "advise", "room": -1.0}, "room -1.0 is not float >= 0"),
         ({"predictor": "router", "ahead": 0}, "ahead 0 is not int >= 1"),
+        ({"route": True, "keep": "anon"}, "keep anon holds what pread reads at route time"),  # the default call
+        ({"consumer": "read", "route": True, "keep": "anon"}, "needs pread \\+ route"),
+        ({"predictor": "block", "consumer": "pread", "keep": "anon"}, "needs pread \\+ route"),
     ],
 )
 def test_a_configuration_is_checked(kw, message):
@@ -188,6 +191,9 @@ def test_the_read_path_knobs_name_their_rows_and_the_page_model_plays_them():
     cfg = RowConfig(consumer="pread", route=True, random=True, wait=1, keep="lru")
     assert cfg.name == "pread + route, exact, wait 1, keep lru"
     assert from_name(cfg.name) == cfg
+    anon = from_name("pread + route, keep anon")
+    assert anon.keep == "anon" and anon.env()["ONEBIT_MOE_PREFETCH_KEEP"] == "anon"
+    assert anon.env()["ONEBIT_MOE_PREFETCH"] == "pread" and from_name(anon.name) == anon
     env = cfg.env()
     assert (env["ONEBIT_MOE_PREFETCH"], env["ONEBIT_MOE_PREFETCH_WAIT"], env["ONEBIT_MOE_PREFETCH_KEEP"]) == (
         "pread",
@@ -209,6 +215,8 @@ def test_the_read_path_knobs_name_their_rows_and_the_page_model_plays_them():
         assert playable(row, None)  # the predictor off: decided before the trace is looked at
     for row in (RowConfig(consumer="advise", route=True, wait=1),):
         assert not playable(row, None)
+    # the LRU in anonymous memory: listed as not played, never played as the page cache's LRU
+    assert not playable(RowConfig(consumer="pread", route=True, keep="anon"), None)
 
 
 def test_the_layers_ahead_name_their_rows_and_the_page_model_refuses_them():

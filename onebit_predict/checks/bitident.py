@@ -2,30 +2,32 @@
 
 Runs the same tokens through fresh contexts with ``ONEBIT_MOE_PREDICT`` off, router, block and learned, and
 with the prefetch consumer on (``router+advise``, ``block+read``: a mode is
-``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru][+hits][+layers]]`` or
-``[CALL+]route[+exact][+wait][+lru][+hits][+layers]``, ``@K`` predicting K layers ahead, ``CALL`` the
-consumer's call (advise, read, populate, pread), ``+route`` reading each layer's routed experts at route
-time, ``route`` without a predictor part route time with the predictor off; after ``+route``, in this order,
-``+exact`` readahead off on the expert tensors (ONEBIT_MOE_PREFETCH_RANDOM=1), ``+wait`` the route-time op
-waiting for its layer's reads (ONEBIT_MOE_PREFETCH_WAIT=1, not with advise), ``+lru`` the LRU over whole
-experts (ONEBIT_MOE_PREFETCH_KEEP=lru) held to n_expert_used + 2 experts so that it evicts on a resident
-model, ``+hits`` the order of the reads and matmuls (ONEBIT_MOE_PREFETCH_ORDER=hits), ``+layers`` a batch's
-whole layers read ahead (ONEBIT_MOE_PREFETCH_LAYERS=2)), in several scenarios (multi-ubatch prefill then
-single-token decode; two sequences in one batch; a state save and restore in the middle; flash attention on
-and off; 1 and 2 threads; a 128-token prompt in ubatches of 64, where a ubatch routes nearly every expert),
-and compares every logits row as bytes, never with a tolerance. A predictor run passes only if it also
-predicted: its trace must hold a PREDICTED record for every routed row of every predicted layer, each at the
-distance asked for, so a check that silently predicted nothing, or predicted one layer ahead when asked for
-two, cannot pass; with a consumer, the trace must also show that it ran, issued reads and had no failure;
-with route time, the context's counters (onebit_moe_get_stats) must show that it routes and that its op
-looked at the routed experts. Every route-time knob is proven both ways, asked for or not: the header's
-route, random (``+exact``) and wait flags and its call (``route`` alone: read), the counters' ``wait`` and
-``keep`` (``+lru``: 1, with an eviction and the capacity the check set, and with a predictor a guess the
-LRU's room for guesses skipped or paged out) and ``order`` (``+hits``: 1, with expert matmuls marked and,
-with ``+lru``, runs taken out of index order) and ``layers`` (``+layers``: 2, and in the big prompt's
-scenario ops that read ahead). A trace that was not written whole (none at all, shorter than its header,
-INCOMPLETE or still OPEN: ``trace_written.written_problem``, e.g. ``--keep-traces`` on a full disk) fails
-its mode with that reason, never with what its missing bytes would seem to say.
+``PREDICTOR[@K][+CALL][+route[+exact][+wait][+lru][+anon][+hits][+layers]]`` or
+``[CALL+]route[+exact][+wait][+lru][+anon][+hits][+layers]`` (checks/modes.py), ``@K`` predicting K layers
+ahead, ``CALL`` the consumer's call (advise, read, populate, pread), ``+route`` reading each layer's routed
+experts at route time, ``route`` without a predictor part route time with the predictor off; after ``+route``,
+in this order, ``+exact`` readahead off on the expert tensors (ONEBIT_MOE_PREFETCH_RANDOM=1), ``+wait`` the
+route-time op waiting for its layer's reads (ONEBIT_MOE_PREFETCH_WAIT=1, not with advise), ``+lru`` the LRU
+over whole experts (ONEBIT_MOE_PREFETCH_KEEP=lru) held to n_expert_used + 2 experts so that it evicts on a
+resident model, ``+anon`` the same LRU in anonymous memory of its own (ONEBIT_MOE_PREFETCH_KEEP=anon, with
+pread and ``+wait`` or ``+hits``), ``+hits`` the order of the reads and matmuls
+(ONEBIT_MOE_PREFETCH_ORDER=hits), ``+layers`` a batch's whole layers read ahead
+(ONEBIT_MOE_PREFETCH_LAYERS=2)), in several scenarios (multi-ubatch prefill then single-token decode; two
+sequences in one batch; a state save and restore in the middle; flash attention on and off; 1 and 2 threads; a
+128-token prompt in ubatches of 64, where a ubatch routes nearly every expert), and compares every logits row
+as bytes, never with a tolerance. A predictor run passes only if it also predicted: its trace must hold a
+PREDICTED record for every routed row of every predicted layer, each at the distance asked for, so a check
+that silently predicted nothing, or predicted one layer ahead when asked for two, cannot pass; with a
+consumer, the trace must also show that it ran, issued reads and had no failure; with route time, the
+context's counters (onebit_moe_get_stats) must show that it routes and that its op looked at the routed
+experts. Every route-time knob is proven both ways, asked for or not: the header's route, random (``+exact``)
+and wait flags and its call (``route`` alone: read), the counters' ``wait`` and ``keep`` (``+lru``: 1,
+``+anon``: 2, with an eviction and the capacity the check set, and with a predictor a guess the LRU's room for
+guesses skipped or paged out) and ``order`` (``+hits``: 1, with expert matmuls marked and, with ``+lru``, runs
+taken out of index order, with ``+anon`` runs that read the waiting mark) and ``layers`` (``+layers``: 2, and
+in the big prompt's scenario ops that read ahead). A trace that was not written whole (none at all, shorter
+than its header, INCOMPLETE or still OPEN: ``trace_written.written_problem``, e.g. ``--keep-traces`` on a full
+disk) fails its mode with that reason, never with what its missing bytes would seem to say.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 from ..constants import (
-    AHEAD_MAX,
     DEBUG_LEAK_UNCHECKED,
     ENV_AHEAD,
     ENV_ALL,
@@ -55,20 +56,17 @@ from ..constants import (
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_ROUTE,
     ENV_PREFETCH_WAIT,
+    KEEP_KERNEL,
+    KEEP_NAMES,
     MODE_NAMES,
-    PREFETCH_ADVISE,
-    PREFETCH_NAMES,
-    PREFETCH_OFF,
-    PREFETCH_ROUTE_CALL,
     TRACE_FLAG_PREDICTED,
 )
 from ..llama.moe_stats import context_stats
 from ..llama.runner import Context, ContextSettings, Model, builtin_tokens, llama
 from ..trace import Trace, TraceHeader
 from ..trace_written import written_problem
+from .modes import ROUTE, ModeSpec, mode_ahead, parse_mode
 
-PREDICTORS = ("router", "block", "learned")
-CONSUMERS = tuple(name for name in PREFETCH_NAMES.values() if name != "off")
 # every predictor, every consumer and a lookahead of each predictor at least once, route time
 # alone, with a predictor and with each qualifier; any mode of the grammar (parse_mode) is accepted
 MODES = (
@@ -84,11 +82,11 @@ MODES = (
     "pread+route+exact+wait",
     "route+lru+hits+layers",
     "block+pread+route+wait+lru",
+    "pread+route+wait+anon",
+    "block+pread+route+anon+hits",
 )
-ROUTE = "route"  # route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1): the last part before its qualifiers
-QUALIFIERS = ("exact", "wait", "lru", "hits", "layers")  # route time's qualifiers, after +route, in this order
 LAYERS = 2  # +layers: the whole layers a batch reads ahead (ONEBIT_MOE_PREFETCH_LAYERS)
-KEEP_CAP_EXTRA = 2  # +lru holds n_expert_used + this many experts (ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP): it evicts
+KEEP_CAP_EXTRA = 2  # +lru, +anon: n_expert_used + this many experts held (ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP): evicts
 N_PREFILL = 24
 N_DECODE = 16
 N_PROMPT_BIG = 128  # the big-prompt scenario's prompt: two ubatches of 64, which route nearly every expert
@@ -199,102 +197,6 @@ FEEDS: dict[str, Callable[[Context, RunOutput, list[int]], None]] = {
 }
 
 
-@dataclass(frozen=True)
-class ModeSpec:
-    """A mode, parsed (parse_mode)."""
-
-    predictor: str  # router, block, learned, or off (route time alone; "off" itself is the reference)
-    ahead: int  # the K of @K, 1 without it
-    consumer: str | None  # the call named (advise, read, populate, pread), None: none named
-    route: bool = False  # +route
-    exact: bool = False  # +exact: ONEBIT_MOE_PREFETCH_RANDOM=1
-    wait: bool = False  # +wait: ONEBIT_MOE_PREFETCH_WAIT=1
-    lru: bool = False  # +lru: ONEBIT_MOE_PREFETCH_KEEP=lru
-    hits: bool = False  # +hits: ONEBIT_MOE_PREFETCH_ORDER=hits
-    layers: bool = False  # +layers: ONEBIT_MOE_PREFETCH_LAYERS=LAYERS
-
-    @property
-    def call(self) -> str:
-        """The call the trace header must record: the one named, route time's own (read) without one."""
-        if self.consumer is not None:
-            return self.consumer
-        return PREFETCH_NAMES[PREFETCH_ROUTE_CALL if self.route else PREFETCH_OFF]
-
-
-def _bad(mode: str, why: str) -> ValueError:
-    return ValueError(f"mode {mode!r}: {why}")
-
-
-def _qualifiers(mode: str, quals: list[str]) -> None:
-    """ValueError unless ``quals`` (the parts after +route) are qualifiers, each once, in order."""
-    for q in quals:
-        if q == ROUTE:
-            raise _bad(mode, "+route twice")
-        if q in CONSUMERS:
-            raise _bad(mode, f"the call {q} is misplaced: it comes before +route")
-        if q not in QUALIFIERS:
-            raise _bad(mode, f"{q!r} is not a qualifier of +route ({', '.join(QUALIFIERS)})")
-    if len(set(quals)) != len(quals) or quals != sorted(quals, key=QUALIFIERS.index):
-        raise _bad(mode, f"+route's qualifiers are written once each, in the order {'+'.join(QUALIFIERS)}")
-
-
-def _head(mode: str, head: list[str], route: bool) -> tuple[str, int, str | None]:
-    """(predictor, ahead, call) of the parts before +route (all of them without it)."""
-    for p in head:
-        if p in QUALIFIERS:
-            raise _bad(mode, f"+{p} qualifies route time: it comes after +route")
-    if not head:  # route alone
-        return "off", 1, None
-    if head[0] in CONSUMERS and route and len(head) == 1:  # CALL+route: the predictor off
-        return "off", 1, head[0]
-    predictor, at, k = head[0].partition("@")
-    if predictor not in PREDICTORS:
-        if head[0] in CONSUMERS:
-            raise _bad(mode, f"the call {head[0]} without a predictor needs +route")
-        raise _bad(mode, f"{head[0]!r} is not a predictor ({', '.join(PREDICTORS)}) or a call ({', '.join(CONSUMERS)})")
-    if at and k not in [str(i) for i in range(1, AHEAD_MAX + 1)]:
-        raise _bad(mode, f"@{k} is not a lookahead of 1..{AHEAD_MAX}")
-    if len(head) > 2:
-        raise _bad(mode, f"one call at most before +route, not {'+'.join(head[1:])}")
-    if len(head) == 2 and head[1] not in CONSUMERS:
-        raise _bad(mode, f"{head[1]!r} is not a call ({', '.join(CONSUMERS)})")
-    return predictor, int(k) if at else 1, head[1] if len(head) == 2 else None
-
-
-def parse_mode(mode: str) -> ModeSpec:
-    """A mode of the module's grammar, or ``off`` (the reference), as a ModeSpec; ValueError naming what is
-    unknown or misplaced."""
-    if mode == "off":
-        return ModeSpec("off", 1, None)
-    parts = mode.split("+")
-    route = ROUTE in parts
-    head, quals = (parts[: parts.index(ROUTE)], parts[parts.index(ROUTE) + 1 :]) if route else (parts, [])
-    _qualifiers(mode, quals)
-    predictor, ahead, consumer = _head(mode, head, route)
-    if "wait" in quals and consumer == PREFETCH_NAMES[PREFETCH_ADVISE]:
-        raise _bad(mode, "+wait needs a call that finishes its reads (read, populate or pread), not advise")
-    return ModeSpec(predictor, ahead, consumer, route, *(q in quals for q in QUALIFIERS))
-
-
-def split_mode(mode: str) -> tuple[str, str | None]:
-    """``block+read`` -> ("block", "read"); ``router`` -> ("router", None); ``router@2`` ->
-    ("router", None) (the distance: mode_ahead); ``block+read+route+wait`` -> ("block", "read")
-    (route time: mode_route); ``route`` -> ("off", None); ``pread+route`` -> ("off", "pread").
-    ValueError if unknown (parse_mode)."""
-    spec = parse_mode(mode)
-    return spec.predictor, spec.consumer
-
-
-def mode_route(mode: str) -> bool:
-    """Whether ``mode`` reads at route time (``+route``, or route alone)."""
-    return parse_mode(mode).route
-
-
-def mode_ahead(mode: str) -> int:
-    """The K of ``PREDICTOR@K[+CALL]...``, 1 without ``@K``."""
-    return parse_mode(mode).ahead
-
-
 def n_expert_used(model: Path) -> int:
     """The model's experts per token (its GGUF's ``expert_used_count``)."""
     from ..grow.gguf_keys import arch_value
@@ -331,8 +233,8 @@ def run_env(
     so builds exactly the unpatched graph); ``learned``: the sidecar of a learned mode;
     ``keep_cap``: the experts a ``+lru`` mode's LRU holds (required there)."""
     spec = parse_mode(mode)
-    if spec.lru and keep_cap is None:
-        raise ValueError(f"mode {mode!r}: +lru needs the LRU's capacity (keep_cap)")
+    if spec.keeps and keep_cap is None:
+        raise ValueError(f"mode {mode!r}: +lru and +anon need the LRU's capacity (keep_cap)")
     env: dict[str, str | None] = dict.fromkeys(ENV_ALL)
     env[ENV_MODE] = None if spec.predictor == "off" else spec.predictor
     env[ENV_AHEAD] = str(spec.ahead) if "@" in mode else None
@@ -342,8 +244,8 @@ def run_env(
     env[ENV_PREFETCH_ROOM] = "0" if spec.route else None
     env[ENV_PREFETCH_RANDOM] = "1" if spec.exact else None
     env[ENV_PREFETCH_WAIT] = "1" if spec.wait else None
-    env[ENV_PREFETCH_KEEP] = "lru" if spec.lru else None
-    env[ENV_PREFETCH_DEBUG_KEEP_CAP] = str(keep_cap) if spec.lru else None
+    env[ENV_PREFETCH_KEEP] = KEEP_NAMES[spec.keep] if spec.keeps else None
+    env[ENV_PREFETCH_DEBUG_KEEP_CAP] = str(keep_cap) if spec.keeps else None
     env[ENV_PREFETCH_ORDER] = "hits" if spec.hits else None
     env[ENV_PREFETCH_LAYERS] = str(LAYERS) if spec.layers else None
     env[ENV_OUT] = str(trace) if trace else None
@@ -357,7 +259,7 @@ def run_once(
 ) -> RunOutput:
     """Feed the scenario's tokens through one fresh context with the given mode (``+lru``: the
     LRU held to n_expert_used + KEEP_CAP_EXTRA experts, recorded in the output's keep_cap)."""
-    keep_cap = n_expert_used(model.path) + KEEP_CAP_EXTRA if parse_mode(mode).lru else None
+    keep_cap = n_expert_used(model.path) + KEEP_CAP_EXTRA if parse_mode(mode).keeps else None
     env = run_env(mode, trace, leak, learned, keep_cap)
     toks = builtin_tokens(max(2 * N_PREFILL, N_PROMPT_BIG) + 2 * N_DECODE, model.n_vocab, seed)
     out = RunOutput(keep_cap=keep_cap)
@@ -392,9 +294,10 @@ def keep_wait_problem(stats: dict[str, int], spec: ModeSpec, keep_cap: int | Non
     if stats.get("wait", 0) != int(spec.wait):
         asked = "was asked for" if spec.wait else "was not asked for"
         return f"ONEBIT_MOE_PREFETCH_WAIT=1 {asked}, the context's counters show wait {stats.get('wait')}"
-    if stats.get("keep", 0) != int(spec.lru):
-        asked = "was asked for" if spec.lru else "was not asked for"
-        return f"ONEBIT_MOE_PREFETCH_KEEP=lru {asked}, the context's counters show keep {stats.get('keep')}"
+    if stats.get("keep", 0) != spec.keep:
+        ran = KEEP_NAMES.get(stats.get("keep", 0), "?")
+        asked = f"={KEEP_NAMES[spec.keep]} was asked for" if spec.keeps else f"={ran} was not asked for"
+        return f"ONEBIT_MOE_PREFETCH_KEEP{asked}, the context's counters show keep {stats.get('keep')}"
     if stats.get("order", 0) != int(spec.hits):
         asked = "was asked for" if spec.hits else "was not asked for"
         return f"ONEBIT_MOE_PREFETCH_ORDER=hits {asked}, the context's counters show order {stats.get('order')}"
@@ -404,16 +307,19 @@ def keep_wait_problem(stats: dict[str, int], spec: ModeSpec, keep_cap: int | Non
     if spec.hits:
         if stats["order_marked"] == 0:
             return "ONEBIT_MOE_PREFETCH_ORDER=hits ran no expert matmul marked"
+        if spec.anon and stats["order_waiting"] == 0:
+            # keep=anon marks its matmuls to wait for its reads: ggml-cpu counts each run that read the mark
+            return "ONEBIT_MOE_PREFETCH_KEEP=anon with ORDER=hits: no expert matmul read the waiting mark (ggml-cpu's)"
         if spec.lru and stats["order_reordered"] == 0:
             # the LRU pages experts out, so a routed one is read while its layer's matmuls start:
             # ggml-cpu must have taken a resident one before it at least once
             return "ONEBIT_MOE_PREFETCH_ORDER=hits never took the experts out of index order (ggml-cpu's mark unread?)"
-    if spec.lru:
+    if spec.keeps:
         if keep_cap is not None and stats["keep_capacity"] != keep_cap:
             got = stats["keep_capacity"]
             return f"the LRU was held to {keep_cap} experts, the context's counters show capacity {got}"
         if stats["keep_evicted"] == 0:
-            return "ONEBIT_MOE_PREFETCH_KEEP=lru evicted nothing: the LRU was never exercised"
+            return f"ONEBIT_MOE_PREFETCH_KEEP={KEEP_NAMES[spec.keep]} evicted nothing: the LRU was never exercised"
         if spec.predictor != "off" and stats["spec_skipped"] + stats["spec_unused"] == 0:
             return "the predictor's guesses never met the LRU's room for them (none skipped, none paged out)"
     return None
@@ -545,8 +451,9 @@ def run_problem(
         return 0, written, mode
     spec = parse_mode(mode)
     header = Trace.open(path).header
-    counted = "".join(
-        f"+{q}" for q, key in (("lru", "keep"), ("hits", "order"), ("layers", "layers")) if stats and stats.get(key)
+    keep = KEEP_NAMES.get(stats.get("keep", KEEP_KERNEL), "?") if stats else "kernel"
+    counted = ("" if keep == "kernel" else f"+{keep}") + "".join(
+        f"+{q}" for q, key in (("hits", "order"), ("layers", "layers")) if stats and stats.get(key)
     )
     if spec.predictor == "off":  # route time alone: nothing predicted, the predictor off as asked
         ran = MODE_NAMES.get(header.mode, "?")

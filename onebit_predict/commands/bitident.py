@@ -22,7 +22,8 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from ..checks.bitident import MODES, SCENARIOS, ModeResult, check_model, parse_mode
+from ..checks.bitident import MODES, SCENARIOS, ModeResult, check_model
+from ..checks.modes import parse_mode
 from ..constants import ENV_ALL, EXIT_CHECK_FAILED, EXIT_OK
 from ..llama.runner import Model
 from ..moe_check import require_moe_model

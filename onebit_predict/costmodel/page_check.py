@@ -75,7 +75,8 @@ def playable(config: RowConfig | None, routing: Routing) -> bool:
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
     time's expert LRU, with a predictor's guesses in its room for them (costmodel/keep.py); route time's
     wait (not with advise); the workers' pread; the matmuls' hits-first order (ONEBIT_MOE_PREFETCH_ORDER,
-    with route time). Not a batch's whole layers ahead (ONEBIT_MOE_PREFETCH_LAYERS)."""
+    with route time). Not a batch's whole layers ahead (ONEBIT_MOE_PREFETCH_LAYERS), nor the LRU in
+    anonymous memory of its own (keep anon)."""
     if config is None:
         return False
     if config.wait and (not config.route or config.consumer == "advise"):
@@ -86,6 +87,8 @@ def playable(config: RowConfig | None, routing: Routing) -> bool:
         return False  # hits first orders route time's reads
     if config.layers or config.handback:
         return False  # nor batches' reads of whole layers: the trace plays decode
+    if config.keep == "anon":
+        return False  # its reads and its held memory are not the page cache's, which the model plays
     if config.is_off:
         return True
     h = routing.header

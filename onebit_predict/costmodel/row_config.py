@@ -169,7 +169,7 @@ class RowConfig:
     read_ahead_kb: int | None = knob(None, "readahead", int, low=0)  # the drive's, set for the run
     drive: str | None = knob(None, "drive", str, choices=DRIVES, bare=True)  # where the model was read from
     wait: int | None = knob(ENV_PREFETCH_WAIT, "wait", int, low=0)  # route time: the layer waits for its reads
-    keep: str | None = knob(ENV_PREFETCH_KEEP, "keep", str, choices=("kernel", "lru"))  # what stays cached
+    keep: str | None = knob(ENV_PREFETCH_KEEP, "keep", str, choices=("kernel", "lru", "anon"))  # what stays cached
     order: str | None = knob(ENV_PREFETCH_ORDER, "order", str, choices=("index", "hits"))  # the matmuls' order
     layers: int | None = knob(ENV_PREFETCH_LAYERS, "layers", int, low=0)  # whole layers a batch reads ahead
     # layers: what becomes of a layer that ran (pageout, the knob's own, where the room holds fewer than all)
@@ -189,6 +189,8 @@ class RowConfig:
             raise ValueError("the oracle is a consumer (advise, read or populate) of the router predictor")
         if self.random and self.consumer == "off" and not self.route:
             raise ValueError("readahead off on the experts (random) needs the consumer on")
+        if self.keep == "anon" and (self.consumer != "pread" or not self.route):
+            raise ValueError("keep anon holds what pread reads at route time: it needs pread + route")
         for f, k in _knobs(type(self)):
             value = getattr(self, f.name)
             if value is not None:

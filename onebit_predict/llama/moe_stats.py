@@ -43,6 +43,7 @@ class OnebitMoeStats(ctypes.Structure):
         ("order_reordered", _u64),
         ("layers", _i32),
         *((f"layers_{name}", _u64) for name in ("ops", "bytes", "cut")),
+        ("order_waiting", _u64),
     ]
 
 
