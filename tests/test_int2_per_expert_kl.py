@@ -7,8 +7,11 @@ numpy, scored end to end through the capture's hook) and every layer's map fitte
   from the plain row's); the command takes one variant and at most one sidecar, exit 2 otherwise.
 - kl_fit: its torch forward pass is llama.cpp's on the F16 model (KL < 1e-5 per token); a fit of
   two steps writes a valid sidecar whose kept held-out KL is never above the start's; the router
-  term is in what the fit lowers (the routers' KL of a batch falls step by step), and only when asked;
-  without torch the module names the extra.
+  term is in what the fit lowers (a batch's routers' KL falls further than a control's whose term
+  weighs next to nothing), and only when asked; without torch the module names the extra.
+- per-expert maps fitted with the sidecar (``fit-kl --expert-rank``): they start at zero, move,
+  round-trip through their archive and run in llama.cpp's graph beside their sidecar; an archive of
+  another model's shape, a missing sidecar or a lone flag is an input error.
 """
 
 from __future__ import annotations
@@ -149,10 +152,15 @@ def test_a_short_kl_fit_writes_a_valid_sidecar(q2, start, tmp_path):
 
 @pytest.mark.needs_build
 def test_the_router_term_pulls_the_routers_towards_f16s(q2, start):
-    # one training window, so every step sees the same batch: its routers' KL before each update
-    pulled = K.fit(H256, q2, start, train_windows=1, heldout_windows=1, steps=4, batch=1, router_weight=100.0)
+    # one training window, so every step sees the same batch: its routers' KL before each update. Adam's
+    # first step need not lower it (it did not on one CPU), so the claim is on where six steps end, against
+    # a control whose routers' term weighs next to nothing
+    pulled = K.fit(H256, q2, start, train_windows=1, heldout_windows=1, steps=6, batch=1, router_weight=100.0)
     seen = [s.train_router_kl for s in pulled.steps]
-    assert all(b < a for a, b in zip(seen, seen[1:])) and seen[-1] < 0.9 * seen[0], seen
+    assert seen[-1] < 0.85 * seen[0], seen
+    control = K.fit(H256, q2, start, train_windows=1, heldout_windows=1, steps=6, batch=1, router_weight=1e-9)
+    unpulled = [s.train_router_kl for s in control.steps]
+    assert unpulled[0] == pytest.approx(seen[0]) and seen[-1] < unpulled[-1], (seen, unpulled)
     assert pulled.start_heldout_router_kl > 0 and "+ 100 x the routers' KL" in pulled.compensator.fitted_on
     alone = K.fit(H256, q2, start, train_windows=1, heldout_windows=1, steps=1, batch=1, router_weight=0.0)
     assert alone.steps[0].train_router_kl is None and "routers" not in alone.compensator.fitted_on
@@ -177,3 +185,74 @@ def test_fit_kl_command_input_errors(run_cli, tmp_path, monkeypatch):
     monkeypatch.setattr(K, "require_torch", no_torch)
     rc, out, err = run_cli(compensator_main, *base, "--start", side)
     assert rc == 2 and out == "" and "pip install -e .[fit]" in err
+
+
+@pytest.mark.needs_build
+def test_a_kl_fit_with_maps_per_expert_moves_them_and_scores_them_with_its_sidecar(q2, start, tmp_path):
+    """--expert-rank: the experts' maps start at zero (the sidecar alone, to the bit), move in the fit, and
+    the archive they are written to is scored with the sidecar beside them through llama.cpp's graph."""
+    torch = pytest.importorskip("torch", reason=TORCH)
+    model = K.TorchQwen3Moe(q2)
+    x = torch.from_numpy(np.stack(windows(corpus_streams()[1], 1)).astype(np.int64))
+    zero = [(torch.ones(8, 4, 256), torch.zeros(8, 256, 4)) for _ in range(4)]
+    assert torch.equal(model.logits(x, None, None, zero), model.logits(x))
+    moved = [(d, u + 1e-2) for d, u in zero]
+    assert not torch.equal(model.logits(x, None, None, moved), model.logits(x))  # the check can fail
+
+    got = K.fit(H256, q2, start, train_windows=1, heldout_windows=1, steps=3, batch=1, expert_rank=4, lr=1e-3)
+    assert sorted(got.experts) == [(li, e) for li in range(4) for e in range(8)]
+    assert {m.down.shape + m.up.shape for m in got.experts.values()} == {(4, 256, 256, 4)}
+    kept_zero = got.best_step == 0
+    assert kept_zero == all(not m.up.any() for m in got.experts.values())  # up moved unless the start was kept
+
+    archive = tmp_path / "maps.npz"
+    P.write_maps(archive, got.experts)
+    back = P.read_maps(archive, q2)
+    assert back.rank == 4 and back.source == "output" and sorted(back.maps) == sorted(got.experts)
+    assert all(np.array_equal(back.maps[k].up, got.experts[k].up) for k in got.experts)
+    plain, side, both = P.score(H256, q2, {4: back}, start, heldout_windows=1, on_sidecar=True)
+    assert both.name == "per-layer + per-expert output" and both.values == side.values + back.values()
+    assert (both.kl_mean == side.kl_mean) == kept_zero  # the maps ran in the graph, on the sidecar's run
+    (tmp_path / "bad.npz").write_bytes(b"not an archive")
+    with pytest.raises(ValueError, match="bad.npz: not a per-expert archive"):
+        P.read_maps(tmp_path / "bad.npz", q2)
+
+
+def test_per_expert_maps_need_their_sidecar_and_fit_kl_their_archive(run_cli, tmp_path):
+    from onebit_predict.commands.compensator import main as compensator_main
+
+    maps = tmp_path / "m.npz"
+    maps.write_bytes(b"x")
+    rc, _, err = run_cli(int2_main, "per-expert", H256, "--types", "q2_k", "--maps", maps, "--cache-dir", tmp_path)
+    assert rc == 2 and "--maps scores the maps with the sidecar fitted beside them: give --compensator" in err
+    side = tmp_path / "s.gguf"
+    side.write_bytes(b"x")
+    base = ["fit-kl", "--model", H256, "--quantized", H256, "--start", side, "--out", tmp_path / "o.gguf"]
+    rc, _, err = run_cli(compensator_main, *base, "--expert-rank", "16")
+    assert rc == 2 and "--expert-rank and --experts-out go together" in err
+    rc, _, err = run_cli(compensator_main, *base, "--expert-rank", "0", "--experts-out", maps)
+    assert rc == 2 and "'0' is not a positive integer" in err
+    nowhere = tmp_path / "no" / "m.npz"
+    rc, _, err = run_cli(compensator_main, *base, "--expert-rank", "4", "--experts-out", nowhere)
+    assert rc == 2 and f"--experts-out {nowhere}: the directory {nowhere.parent} does not exist" in err
+
+
+@pytest.mark.needs_build
+def test_per_expert_maps_of_another_model_are_refused(q2, tmp_path):
+    """An archive whose maps do not fit the 2-bit model (another width, a layer it has not) is an input
+    error naming both, before any scoring; the model's own shape is read back."""
+    from onebit_predict.int2.compensator import CompensatorLayer
+
+    def archive(n_embd: int, keys: list[tuple[int, int]]) -> Path:
+        path = tmp_path / f"m{n_embd}-{len(keys)}.npz"
+        layer = CompensatorLayer(np.zeros((2, n_embd), np.float32), np.zeros((n_embd, 2), np.float32))
+        P.write_maps(path, {k: layer for k in keys})
+        return path
+
+    assert P.read_maps(archive(256, [(0, 0), (3, 7)]), q2).rank == 2
+    with pytest.raises(ValueError, match=r"maps of n_embd 128 .* \(n_embd 256, 8 experts"):
+        P.read_maps(archive(128, [(0, 0)]), q2)
+    with pytest.raises(ValueError, match=r"\(layer, expert\) \[\(4, 0\)\]"):
+        P.read_maps(archive(256, [(0, 0), (4, 0)]), q2)
+    with pytest.raises(ValueError, match=r"\[\(0, 8\)\]"):
+        P.read_maps(archive(256, [(0, 8)]), q2)

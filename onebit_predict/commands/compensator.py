@@ -13,6 +13,7 @@
   sidecar (output source) to the KL against F16's logits plus ``--router-weight`` times its routers'
   KL, all layers together, by Adam steps through a torch forward pass (int2/kl_fit.py; torch is the
   optional ``fit`` extra, its absence an input error naming it); the best held-out step is written;
+  ``--expert-rank R --experts-out F.npz`` fits and writes a rank-R map per expert too (int2/per_expert.py);
 - ``show FILE [--model Q2.gguf]`` prints the sidecar's header and per-layer norms and, with
   ``--model``, checks that the sidecar was fitted for that model (exit 1 when it was not); a file
   the reader refuses (a layer whose gain bound ``||up||*||down||`` exceeds 65504, F16's largest value,
@@ -38,7 +39,7 @@ import numpy as np
 
 from ..constants import EXIT_OK
 from ..int2 import compensator as comp_mod
-from ..int2 import kl_fit
+from ..int2 import kl_fit, per_expert
 from ..int2.compensator import SOURCES, Compensator, CompensatorError, check_model, model_identity
 from .common import (
     EPILOG,
@@ -86,6 +87,11 @@ def _parser() -> argparse.ArgumentParser:
     k.add_argument("--train-windows", type=arg_type(positive_int), default=kl_fit.TRAIN_WINDOWS, help="of 256 tokens")
     k.add_argument("--router-weight", type=arg_type(nonneg_float), default=kl_fit.ROUTER_WEIGHT,
                    help="plus this times the routers' KL to F16's, summed over layers")  # fmt: skip
+    k.add_argument("--expert-rank", type=arg_type(positive_int), default=0,
+                   help="also fit a map of this rank per (layer, expert); needs --experts-out")  # fmt: skip
+    k.add_argument("--expert-lr", type=arg_type(positive_float), default=kl_fit.LR,
+                   help="the experts' maps' learning rate (they start at zero)")  # fmt: skip
+    k.add_argument("--experts-out", type=Path, metavar="FILE.npz", help="where the per-expert maps go (numpy)")
     k.add_argument("--threads", type=arg_type(positive_int), default=1, help="llama.cpp and torch threads")
     s = sub.add_parser("show", parents=[output_parent()], help="a sidecar's header and layers; --model checks it")
     s.add_argument("sidecar", type=Path, metavar="FILE")
@@ -124,16 +130,16 @@ def _check_pair(full: comp_mod.ModelIdentity, quant: comp_mod.ModelIdentity, arg
         raise UsageError(f"{args.quantized} has the same experts as {args.model}: nothing to compensate")
 
 
-def _require_out(out: Path) -> None:
-    """UsageError unless the sidecar can be written at ``out``: its directory exists and is writable, and
-    ``out`` itself is not a directory."""
+def _require_out(out: Path, flag: str = "--out") -> None:
+    """UsageError unless ``flag``'s file can be written at ``out``: its directory exists and is writable,
+    and ``out`` itself is not a directory."""
     parent = out.parent
     if not parent.is_dir():
-        raise UsageError(f"--out {out}: the directory {parent} does not exist")
+        raise UsageError(f"{flag} {out}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise UsageError(f"--out {out}: the directory {parent} is not writable")
+        raise UsageError(f"{flag} {out}: the directory {parent} is not writable")
     if out.is_dir():
-        raise UsageError(f"--out {out}: is a directory")
+        raise UsageError(f"{flag} {out}: is a directory")
 
 
 def _fit(args: argparse.Namespace) -> int:
@@ -227,12 +233,18 @@ def _fit(args: argparse.Namespace) -> int:
 def _fit_kl(args: argparse.Namespace) -> int:
     for path in (args.model, args.quantized, args.start):
         require_file(path)
+    if (args.expert_rank > 0) != (args.experts_out is not None):
+        raise UsageError("--expert-rank and --experts-out go together")
     _require_out(args.out)
+    if args.experts_out is not None:
+        _require_out(args.experts_out, "--experts-out")
     kl_fit.require_torch()  # before the targets: the extra's name, not a traceback
     settings = {k: getattr(args, k) for k in kl_fit.SETTINGS}
     got = kl_fit.fit(args.model, args.quantized, args.start, threads=args.threads, log=logger.info, **settings)
     comp_mod.write_compensator(args.out, got.compensator)
-    logger.info("wrote %s", args.out)
+    if args.experts_out is not None:
+        per_expert.write_maps(args.experts_out, got.experts)
+    logger.info("wrote %s", ", ".join(str(p) for p in (args.out, args.experts_out) if p is not None))
     rows = [[s.step, f"{s.train_kl:.5f}", f"{s.heldout_kl:.5f}", f"{s.heldout_router_kl:.5f}"]
             for s in got.steps if s.heldout_kl is not None]  # fmt: skip
     kept = ("start_heldout_kl", "start_heldout_router_kl", "best_heldout_kl", "best_step")
@@ -255,17 +267,8 @@ def _show(args: argparse.Namespace) -> int:
         sv = np.linalg.svd(ly.matrix, compute_uv=False)
         norms = (np.sqrt(np.sum(sv**2)), sv[0], np.linalg.norm(ly.down), np.linalg.norm(ly.up))
         rows.append([li, *(f"{v:.4g}" for v in norms)])
-    header = {
-        "n_embd": comp.n_embd,
-        "rank": comp.rank,
-        "n_layer": comp.n_layer,
-        "source": comp.source,
-        "model_arch": comp.model_arch,
-        "experts_hash": f"{comp.experts_hash:016x}",
-        "model_name": comp.model_name,
-        "fitted_on": comp.fitted_on,
-        "tokens": comp.tokens,
-    }
+    kept = ("n_embd", "rank", "n_layer", "source", "model_arch", "experts_hash", "model_name", "fitted_on", "tokens")
+    header = {k: getattr(comp, k) for k in kept} | {"experts_hash": f"{comp.experts_hash:016x}"}
     lines = [f"{k}: {v}" for k, v in header.items()]
     fit_error = None
     if args.model is not None:

@@ -19,7 +19,7 @@
 - ``per-expert MODEL --types VARIANT [--ranks LIST] [--source input|output] [--compensator
   VARIANT=FILE] [--text val|outside]``: a low-rank map per routed expert, gated by its router
   weight, fitted and scored in numpy, end to end through the capture's hook, beside the per-layer
-  sidecar (int2/per_expert.py);
+  sidecar (int2/per_expert.py); ``--maps FILE.npz`` scores ``fit-kl``'s maps beside their sidecar;
 - ``plot QUALITY.json --out FILE.png``: a ``quality --json`` report's mean KLD over expert bytes per
   token (int2/plot.py; matplotlib, the optional ``plot`` extra), and the plotted rows as a table.
 
@@ -163,6 +163,9 @@ def _parser() -> argparse.ArgumentParser:
     pe.add_argument(
         "--windows", type=arg_type(positive_int), default=PER_EXPERT_HELDOUT, help="held-out windows of 256"
     )
+    pe.add_argument("--maps", type=Path, metavar="FILE.npz",
+                    help="score fit-kl --experts-out's maps beside their --compensator, not fit")  # fmt: skip
+    pe.add_argument("--baseline", type=Path, metavar="SIDECAR", help="with --maps: a row of this sidecar alone")
     pl = sub.add_parser("plot", parents=[output_parent()], help="plot a quality --json report", epilog=EPILOG)
     pl.add_argument("report", type=Path, metavar="QUALITY.json", help="what onebit-int2 quality --json wrote")
     pl.add_argument("--out", type=Path, required=True, metavar="FILE.png", help="the plot (needs matplotlib)")
@@ -174,22 +177,10 @@ def _variants(args: argparse.Namespace, store: Store) -> int:
     for name in ["f16", *[n for n in args.types if n != "f16"]]:
         made = store.variant(name, force=args.force)
         m = made.manifest
-        rows.append(
-            {
-                "variant": name,
-                "expert_type": m["expert_type"],
-                "bits_per_weight": VARIANTS[name].bits,
-                "path": str(made.path),
-                "bytes": m["bytes"],
-                "sha256": m["sha256"],
-                "expert_bytes_per_token": m["expert_bytes_per_token"],
-                "n_expert_used": m["n_expert_used"],
-                "cached": made.cached,
-                "seconds": m.get("seconds"),
-                "command": m.get("command"),
-                "recipe_key": m.get("recipe_key"),
-            }
-        )
+        row = {"variant": name, "expert_type": m["expert_type"], "bits_per_weight": VARIANTS[name].bits}
+        row["path"] = str(made.path)
+        row |= {k: m[k] for k in ("bytes", "sha256", "expert_bytes_per_token", "n_expert_used")}
+        rows.append(row | {"cached": made.cached} | {k: m.get(k) for k in ("seconds", "command", "recipe_key")})
     imatrix = store.imatrix() if any(VARIANTS[n].imatrix for n in args.types) else None
     emit(args, *out.variants_report(store, rows, imatrix))
     return EXIT_OK
@@ -232,14 +223,25 @@ def _per_expert(args: argparse.Namespace, store: Store) -> int:
     sidecars = [path for v, path in args.compensator if v == name]
     if len(sidecars) > 1 or len(sidecars) != len(args.compensator):
         raise UsageError(f"per-expert takes at most one --compensator, for {name}")
+    if args.maps is not None and not sidecars:
+        raise UsageError("--maps scores the maps with the sidecar fitted beside them: give --compensator")
+    if args.baseline is not None and args.maps is None:
+        raise UsageError("--baseline is a row beside --maps' rows: give --maps")
+    for path in (p for p in (args.maps, args.baseline) if p is not None):
+        require_file(path)
     made = store.variant(name)
     held = None if args.text == "val" else corpus_text(args.text, HELDOUT_TOKENS, store.root)
-    fits = per_expert.fit(store.source, made.path, args.ranks, args.source, train_windows=args.train_windows,
-                          threads=store.threads, log=logger.info)  # fmt: skip
+    if args.maps is None:
+        fits = per_expert.fit(store.source, made.path, args.ranks, args.source, train_windows=args.train_windows,
+                              threads=store.threads, log=logger.info)  # fmt: skip
+    else:  # an archive of another model's shape, or none, is a ValueError: exit 2
+        loaded = per_expert.read_maps(args.maps, made.path)
+        fits = {loaded.rank: loaded}
     stream = None if held is None else held.tokens()
     found = per_expert.score(store.source, made.path, fits, sidecars[0] if sidecars else None,
-                             heldout_windows=args.windows, heldout=stream, threads=store.threads)  # fmt: skip
-    emit(args, *out.per_expert_report(store, made, name, found, args.train_windows, args.windows, held))
+                             heldout_windows=args.windows, heldout=stream, threads=store.threads,
+                             on_sidecar=args.maps is not None, baseline=args.baseline)  # fmt: skip
+    emit(args, *out.per_expert_report(store, made, name, found, args.train_windows, args.windows, held, args.maps))
     return EXIT_OK
 
 

@@ -152,19 +152,29 @@ def blame_report(store: Store, found: list[RowBlame], windows: int, train_window
 
 
 def per_expert_report(
-    store: Store, made: Made, name: str, found: list[RowScore], train_windows: int, windows: int, held: Text | None
+    store: Store,
+    made: Made,
+    name: str,
+    found: list[RowScore],
+    train_windows: int,
+    windows: int,
+    held: Text | None,
+    maps: Path | None = None,
 ) -> Report:
-    """``held``: the held-out text scored (None: the corpus's validation split, whole)."""
+    """``held``: the held-out text scored (None: the corpus's validation split, whole); ``maps``: the
+    per-expert archive scored (None: maps fitted here on ``train_windows``)."""
     plain = found[0].kl_mean
     rows = [asdict(r) | {"recovers_pct": recovers(plain, r.kl_mean) if r.values else None} for r in found]
     where = "validation split" if held is None else held.description
+    fitted = f"fitted on {train_windows} training windows of {CTX} tokens"
+    if maps is not None:
+        fitted = f"maps {maps} with the sidecar fitted beside them"
     labels = {
         "model": str(store.source),
         "model_sha256": store.sha256,
         "variant": name,
         "quantized": str(made.path),
-        "text": f"fitted on {train_windows} training windows of {CTX} tokens; scored on {windows} "
-        f"held-out windows ({where}, evenly spaced), every row",
+        "text": f"{fitted}; scored on {windows} held-out windows ({where}, evenly spaced), every row",
         "heldout": "val" if held is None else held.summary(),
     }
     lines = [

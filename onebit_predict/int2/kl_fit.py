@@ -51,7 +51,15 @@ STEPS = 2400  # about 4.7 passes over 4096 windows, as 150 steps over 256; the k
 BATCH = 8  # windows per step
 LR = 1e-4  # 3e-4 raised the held-out KL within 25 steps
 EVAL_EVERY = 25
-SETTINGS = ("train_windows", "steps", "batch", "lr", "router_weight")  # fit()'s knobs a report records
+SETTINGS = (
+    "train_windows",
+    "steps",
+    "batch",
+    "lr",
+    "router_weight",
+    "expert_rank",
+    "expert_lr",
+)  # fit()'s knobs a report records
 ROUTER_WEIGHT = 1.0  # the logits' KL alone lowered routing agreement below the least-squares start's (docs/int2.md)
 
 
@@ -127,11 +135,17 @@ class TorchQwen3Moe:
         return x * self.torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.hp.eps) * w
 
     def logits(
-        self, tokens: Any, comp: Sequence[tuple[Any, Any]] | None = None, routers: list[Any] | None = None
+        self,
+        tokens: Any,
+        comp: Sequence[tuple[Any, Any]] | None = None,
+        routers: list[Any] | None = None,
+        experts: Sequence[tuple[Any, Any]] | None = None,
     ) -> Any:
         """Logits (B, T, n_vocab) of token windows (B, T), every window from position 0; ``comp``:
         per layer (down (r, n_embd), up (n_embd, r)), the correction ``y + up (down y)``; ``routers``,
-        if given, gets each layer's router log-softmax (B T, n_expert) appended."""
+        if given, gets each layer's router log-softmax (B T, n_expert) appended; ``experts``: per layer
+        (down (n_expert, r, n_embd), up (n_expert, n_embd, r)), each routed expert's own output
+        ``q_e`` corrected to ``q_e + up_e (down_e q_e)`` before its gate weighs it (per_expert.py's form)."""
         torch, hp, w = self.torch, self.hp, self.w
         b, t = tokens.shape
         pos = torch.arange(t)
@@ -152,14 +166,14 @@ class TorchQwen3Moe:
             o = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, hp.n_head * hp.head_dim)
             h = h + o @ w[p + "attn_output.weight"].T
             x = self._norm(h, w[p + "ffn_norm.weight"])
-            y = self._moe(li, x, routers)
+            y = self._moe(li, x, routers, None if experts is None else experts[li])
             if comp is not None:
                 down, up = comp[li]
                 y = y + (y @ down.T) @ up.T
             h = h + y
         return self._norm(h, w["output_norm.weight"]) @ w["output.weight"].T
 
-    def _moe(self, li: int, x: Any, routers: list[Any] | None = None) -> Any:
+    def _moe(self, li: int, x: Any, routers: list[Any] | None = None, fix: tuple[Any, Any] | None = None) -> Any:
         torch, hp, w = self.torch, self.hp, self.w
         p = f"blk.{li}."
         flat = x.reshape(-1, hp.n_embd)
@@ -177,7 +191,10 @@ class TorchQwen3Moe:
                 continue
             xs = flat[rows]
             hid = torch.nn.functional.silu(xs @ gate[e].T) * (xs @ up[e].T)
-            out = out.index_add(0, rows, weights[rows, slot][:, None] * (hid @ down[e].T))
+            q = hid @ down[e].T
+            if fix is not None:
+                q = q + (q @ fix[0][e].T) @ fix[1][e].T
+            out = out.index_add(0, rows, weights[rows, slot][:, None] * q)
         return out.view_as(x)
 
 
@@ -196,6 +213,7 @@ class KlFit:
     (the logits' KL; with a router weight the step kept is the one whose loss, both terms, was lowest)."""
 
     compensator: Compensator
+    experts: dict[tuple[int, int], CompensatorLayer]  # (layer, expert) -> its map; empty without expert_rank
     steps: list[FitStep]
     start_heldout_kl: float
     start_heldout_router_kl: float
@@ -226,6 +244,30 @@ def _router_targets(full: Path, tokens: Any, batch: int) -> Any:
     return torch.stack([torch.cat(per, 0) for per in out])  # (n_layer, n, T, n_expert)
 
 
+def _expert_params(torch: Any, hp: Hparams, rank: int) -> list[tuple[Any, Any]]:
+    """Per layer, the experts' maps (down (n_expert, r, n_embd), up (n_expert, n_embd, r)) to fit: up at
+    zero, so the fit starts where the sidecar alone is, and down random, so up's gradient is not zero."""
+    return [
+        (
+            (torch.randn(hp.n_expert, rank, hp.n_embd) / hp.n_embd**0.5).requires_grad_(),
+            torch.zeros(hp.n_expert, hp.n_embd, rank, requires_grad=True),
+        )
+        for _ in range(hp.n_layer)
+    ]
+
+
+def _expert_maps(flat: Sequence[Any], hp: Hparams) -> dict[tuple[int, int], CompensatorLayer]:
+    """The fitted experts' maps, (layer, expert) -> map, from their tensors in :func:`_expert_params`' order."""
+    out = {}
+    for li in range(hp.n_layer):
+        down, up = flat[2 * li].numpy(), flat[2 * li + 1].numpy()
+        for e in range(hp.n_expert):
+            out[(li, e)] = CompensatorLayer(
+                np.ascontiguousarray(down[e], np.float32), np.ascontiguousarray(up[e], np.float32)
+            )
+    return out
+
+
 def fit(
     full: Path,
     quantized: Path,
@@ -237,12 +279,16 @@ def fit(
     batch: int = BATCH,
     lr: float = LR,
     router_weight: float = ROUTER_WEIGHT,
+    expert_rank: int = 0,
+    expert_lr: float = LR,
     threads: int = 1,
     seed: int = 0,
     log: Callable[[str], None] = lambda _: None,
 ) -> KlFit:
     """Fit ``start`` (a least-squares sidecar of ``quantized``, output source) to the KL against ``full``,
-    plus ``router_weight`` times the routers' KL summed over layers (0: the logits alone)."""
+    plus ``router_weight`` times the routers' KL summed over layers (0: the logits alone); with
+    ``expert_rank`` r > 0, a rank-r map per (layer, expert) of the expert's own output is fitted with it
+    (per_expert.py's form, output source), starting at zero, at its own learning rate ``expert_lr``."""
     torch = require_torch()
     began = time.monotonic()
     torch.manual_seed(seed)
@@ -273,12 +319,16 @@ def fit(
             )
         )
     flat = [p for pair in params for p in pair]
-    opt = torch.optim.Adam(flat, lr=lr)
+    experts = _expert_params(torch, model.hp, expert_rank) if expert_rank > 0 else None
+    mapped = [p for pair in experts or [] for p in pair]
+    groups = [{"params": list(flat), "lr": lr}] + ([{"params": mapped, "lr": expert_lr}] if mapped else [])
+    flat += mapped
+    opt = torch.optim.Adam(groups)
 
     def losses(x: Any, target: Any, r_target: Any) -> tuple[Any, Any]:
         """The logits' KL and the routers' KL summed over layers (0 without router targets)."""
         got: list[Any] | None = [] if r_target is not None else None
-        lp = model.logits(x, params, got).log_softmax(-1)
+        lp = model.logits(x, params, got, experts).log_softmax(-1)
         logits_kl = (target.exp() * (target - lp)).sum(-1).mean()
         if got is None:
             return logits_kl, torch.zeros(())
@@ -339,4 +389,5 @@ def fit(
                  f"kept step {best_step}")  # fmt: skip
     out = replace(comp, layers=layers, fitted_on=fitted_on)
     out.validate(str(start))
-    return KlFit(out, history, first, first_router, best_logits, best_step, time.monotonic() - began)
+    per_expert = _expert_maps(best_params[2 * model.hp.n_layer :], model.hp) if experts is not None else {}
+    return KlFit(out, per_expert, history, first, first_router, best_logits, best_step, time.monotonic() - began)

@@ -29,12 +29,14 @@ multiply-adds per token.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import atomic_write_bytes
 from .blame import token_kl
 from .capture import Capturer, LayerActivations, corpus_streams, reference_output, windows
 from .compensator import SOURCE_INPUT, SOURCE_OUTPUT, Compensator, CompensatorLayer, Moments, read_compensator, sweep
@@ -105,6 +107,41 @@ class PerExpert:
         return sum(m.up.size + m.down.size for m in self.maps.values())
 
 
+def write_maps(path: Path, maps: Mapping[tuple[int, int], CompensatorLayer]) -> None:
+    """Per-expert maps of one rank (kl_fit's ``experts``) as a numpy archive, written whole or not at all:
+    ``keys`` (n, 2) layer and expert, ``down`` (n, r, n_embd), ``up`` (n, n_embd, r). No runtime reads it:
+    it carries a fit to :func:`read_maps` and :func:`score`."""
+    keys = sorted(maps)
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        keys=np.array(keys, np.int32).reshape(-1, 2),
+        down=np.stack([maps[k].down for k in keys]).astype(np.float32),
+        up=np.stack([maps[k].up for k in keys]).astype(np.float32),
+    )
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def read_maps(path: Path, quantized: Path) -> PerExpert:
+    """:func:`write_maps`'s archive as a PerExpert (output source) of the 2-bit model ``quantized``;
+    ValueError naming the file where it is not one, or not one of that model's shape."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            keys, down, up = z["keys"], z["down"], z["up"]
+    except (OSError, KeyError, ValueError) as e:
+        raise ValueError(f"{path}: not a per-expert archive ({e})") from None
+    if keys.ndim != 2 or keys.shape[1] != 2 or down.ndim != 3 or up.shape != (len(keys), down.shape[2], down.shape[1]):
+        raise ValueError(f"{path}: per-expert archive of inconsistent shapes {keys.shape}, {down.shape}, {up.shape}")
+    quant = load_moe(quantized)
+    foreign = [(int(li), int(e)) for li, e in keys if int(li) not in quant.layers or not 0 <= e < quant.n_expert]
+    if down.shape[2] != quant.n_embd or foreign:
+        raise ValueError(f"{path}: maps of n_embd {down.shape[2]} for (layer, expert) {foreign[:3] or 'all'}, "
+                         f"not of {quantized} (n_embd {quant.n_embd}, {quant.n_expert} experts, "
+                         f"MoE layers {sorted(quant.layers)})")  # fmt: skip
+    maps = {(int(li), int(e)): CompensatorLayer(down=down[i], up=up[i]) for i, (li, e) in enumerate(keys)}
+    return PerExpert(int(down.shape[1]), maps, SOURCE_OUTPUT, quant)
+
+
 @dataclass(frozen=True)
 class RowScore:
     """One row on the held-out windows."""
@@ -155,10 +192,14 @@ def score(
     heldout_windows: int = HELDOUT_WINDOWS,
     heldout: Sequence[int] | None = None,
     threads: int = 1,
+    on_sidecar: bool = False,
+    baseline: Path | None = None,
 ) -> list[RowScore]:
     """The plain 2-bit row, the per-layer sidecar's (when given) and each per-expert rank's, end to end
     and in residual energy, on the same held-out windows: evenly spaced over ``heldout``'s tokens
-    (None: the corpus's validation split)."""
+    (None: the corpus's validation split). ``on_sidecar``: each per-expert row runs with the sidecar
+    too (the maps kl_fit fitted together: the experts' maps inside the MoE output, the sidecar's on it);
+    ``baseline``: one more per-layer sidecar's row (one fitted without maps per expert), on the same windows."""
     full = load_moe(full_path)
     held = windows(corpus_streams()[1] if heldout is None else np.asarray(heldout, np.int32), heldout_windows)
     comp = read_compensator(sidecar) if sidecar is not None else None
@@ -167,11 +208,24 @@ def score(
     with Capturer(full_path, threads) as cap_full:
         try:
             rows.append(("plain", None, Capturer(quantized, threads), None, 0))
+            if baseline is not None:
+                alone = read_compensator(baseline)
+                n_alone = sum(x.up.size + x.down.size for x in alone.layers.values())
+                cap = Capturer(quantized, threads, baseline)
+                rows.append(
+                    (f"per-layer {alone.source}, fitted alone", alone.rank, cap, _sidecar_correct(alone), n_alone)
+                )
+            n_side = 0
             if comp is not None:
-                n = sum(x.up.size + x.down.size for x in comp.layers.values())
+                n_side = sum(x.up.size + x.down.size for x in comp.layers.values())
                 fix = _sidecar_correct(comp)
-                rows.append((f"per-layer {comp.source}", comp.rank, Capturer(quantized, threads, sidecar), fix, n))
+                rows.append((f"per-layer {comp.source}", comp.rank, Capturer(quantized, threads, sidecar), fix, n_side))
             for r, pe in sorted(fits.items()):
+                if on_sidecar and comp is not None:
+                    both = _both_correct(comp, pe)
+                    cap = Capturer(quantized, threads, sidecar, replace=pe.correct)
+                    rows.append((f"per-layer + per-expert {pe.source}", r, cap, both, n_side + pe.values()))
+                    continue
                 cap = Capturer(quantized, threads, replace=pe.correct)
                 rows.append((f"per-expert {pe.source}", r, cap, pe.correct, pe.values()))
             kls: list[list[np.ndarray]] = [[] for _ in rows]
@@ -204,6 +258,12 @@ def score(
 
 
 Correct = Callable[[int, LayerActivations], np.ndarray]
+
+
+def _both_correct(comp: Compensator, pe: PerExpert) -> Correct:
+    """The experts' maps, then the sidecar's on their sum, as the graph runs them (ffn_moe_out, then the
+    compensator): for the energy score."""
+    return lambda layer, act: comp.correct(layer, act.x, pe.correct(layer, act))
 
 
 def _sidecar_correct(comp: Compensator) -> Correct:
