@@ -5,8 +5,8 @@ under a 16 MiB cgroup, route alone ran at 0.47x off, its workers' reads evicting
 was about to touch. The test runs route under a tight limit (24 MiB, where the page cache holds
 about 12 MiB of the 14 MB model; at 16 and 20 MiB a worker was OOM-killed in full suite runs,
 a suite-order effect not reproduced alone) with the rule at its largest ratio (it must hold the route op off:
-nothing found missing, nothing read) and without the rule (the same op finds the routed experts
-missing and reads them): the rule is what decides."""
+no routed expert looked at, nothing read) and without the rule (the same op looks at every routed
+expert, reading what is missing): the rule is what decides."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ def test_the_room_rule_holds_route_off_under_a_tight_limit(tmp_path, capsys):
     assert (
         rows[held]["env"]["ONEBIT_MOE_PREFETCH_ROUTE"] == "1" and rows[free]["env"]["ONEBIT_MOE_PREFETCH_ROUTE"] == "1"
     )
-    # held off: the op returned before looking; without the rule it found the routed experts missing
-    assert rows[held]["route_missing_per_token"] == 0
-    assert rows[free]["route_missing_per_token"] > 0
+    # held off: the op returned before looking at a routed expert (no byte counted, missing or
+    # resident: no expert hit rate); without the rule it looked at every routed expert. Whether it
+    # also found some missing depends on what the page cache kept under the limit: in a full suite
+    # run it once kept them all (0 missing), so that is not what this test claims
+    assert rows[held]["route_missing_per_token"] == 0 and rows[held]["decode"]["expert_hit"] is None
+    assert rows[free]["decode"]["expert_hit"] is not None
