@@ -321,9 +321,8 @@ def fit(
     flat = [p for pair in params for p in pair]
     experts = _expert_params(torch, model.hp, expert_rank) if expert_rank > 0 else None
     mapped = [p for pair in experts or [] for p in pair]
-    groups = [{"params": list(flat), "lr": lr}] + ([{"params": mapped, "lr": expert_lr}] if mapped else [])
-    flat += mapped
-    opt = torch.optim.Adam(groups)
+    opt = torch.optim.Adam([{"params": flat, "lr": lr}] + ([{"params": mapped, "lr": expert_lr}] if mapped else []))
+    flat = flat + mapped  # every fitted tensor: the kept step copies them all
 
     def losses(x: Any, target: Any, r_target: Any) -> tuple[Any, Any]:
         """The logits' KL and the routers' KL summed over layers (0 without router targets)."""

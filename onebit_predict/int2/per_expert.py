@@ -203,28 +203,23 @@ def score(
     full = load_moe(full_path)
     held = windows(corpus_streams()[1] if heldout is None else np.asarray(heldout, np.int32), heldout_windows)
     comp = read_compensator(sidecar) if sidecar is not None else None
-    # name, rank, capturer, the correction in numpy (on the plain run's rows, for the energy), values held
-    rows: list[tuple[str, int | None, Capturer, Correct | None, int]] = []
+    rows: list[_Row] = []
     with Capturer(full_path, threads) as cap_full:
         try:
             rows.append(("plain", None, Capturer(quantized, threads), None, 0))
             if baseline is not None:
                 alone = read_compensator(baseline)
-                n_alone = sum(x.up.size + x.down.size for x in alone.layers.values())
-                cap = Capturer(quantized, threads, baseline)
                 rows.append(
-                    (f"per-layer {alone.source}, fitted alone", alone.rank, cap, _sidecar_correct(alone), n_alone)
+                    _sidecar_row(f"per-layer {alone.source}, fitted alone", alone, baseline, quantized, threads)
                 )
-            n_side = 0
             if comp is not None:
-                n_side = sum(x.up.size + x.down.size for x in comp.layers.values())
-                fix = _sidecar_correct(comp)
-                rows.append((f"per-layer {comp.source}", comp.rank, Capturer(quantized, threads, sidecar), fix, n_side))
+                side = _sidecar_row(f"per-layer {comp.source}", comp, sidecar, quantized, threads)
+                rows.append(side)
             for r, pe in sorted(fits.items()):
                 if on_sidecar and comp is not None:
                     both = _both_correct(comp, pe)
                     cap = Capturer(quantized, threads, sidecar, replace=pe.correct)
-                    rows.append((f"per-layer + per-expert {pe.source}", r, cap, both, n_side + pe.values()))
+                    rows.append((f"per-layer + per-expert {pe.source}", r, cap, both, side[4] + pe.values()))
                     continue
                 cap = Capturer(quantized, threads, replace=pe.correct)
                 rows.append((f"per-expert {pe.source}", r, cap, pe.correct, pe.values()))
@@ -258,6 +253,14 @@ def score(
 
 
 Correct = Callable[[int, LayerActivations], np.ndarray]
+# a scored row: name, rank, capturer, the correction in numpy (on the plain run's rows, for the energy), values held
+_Row = tuple[str, int | None, Capturer, Correct | None, int]
+
+
+def _sidecar_row(name: str, comp: Compensator, path: Path, quantized: Path, threads: int) -> _Row:
+    """A per-layer sidecar's row: llama.cpp applies ``path`` (ONEBIT_MOE_COMPENSATOR), numpy ``comp``."""
+    values = sum(x.up.size + x.down.size for x in comp.layers.values())
+    return (name, comp.rank, Capturer(quantized, threads, path), _sidecar_correct(comp), values)
 
 
 def _both_correct(comp: Compensator, pe: PerExpert) -> Correct:
