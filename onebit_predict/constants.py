@@ -112,6 +112,8 @@ PREFETCH_ROUTE_CALL = PREFETCH_READ  # the call route-time reads make when ONEBI
 
 PREFETCH_THREADS_DEFAULT = 8  # workers blocked in reads: a drive with queue depth serves several at once
 PREFETCH_THREADS_MAX = 16
+# keep anon: a routed slice is read in two or more chunks of at most this, one worker each (C ONEBIT_HOLD_CHUNK)
+HOLD_CHUNK_BYTES = 1 << 20
 PREFETCH_LAYERS_MAX = 8  # ONEBIT_MOE_PREFETCH_LAYERS is in [0, PREFETCH_LAYERS_MAX]
 PREFETCH_MAX_BYTES_LIMIT = 1 << 40  # 1 TiB: larger caps are a typo
 PREFETCH_GUARD_DEFAULT = 0  # tokens per probe: no guard unless asked

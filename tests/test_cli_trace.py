@@ -209,3 +209,25 @@ def test_windows_restart_at_pos_zero(tiny_model, tmp_path):
     stats = compute_stats(trace)
     assert stats.issues == ()
     assert stats.total.tokens == 3 * 8 * 3  # 3 windows x 8 decoded rows x 3 predicted layers
+
+
+def test_no_extra_bufts_loads_the_plain_kernels_and_records_the_same_trace(tiny_model, tmp_path, monkeypatch):
+    """--no-extra-bufts reaches the model's load (use_extra_bufts false: on an AMX VM the grown Q4_K_M models'
+    prefill faults in ggml's AMX mul_mat without it), and on the tiny F32 model records the same routing."""
+    from onebit_predict.llama import record
+
+    loaded = []
+    real = record.Model
+
+    def spy(path, **kw):
+        loaded.append(kw.get("extra_bufts", True))
+        return real(path, **kw)
+
+    monkeypatch.setattr(record, "Model", spy)
+    model = str(tiny_model("qwen3moe"))
+    args = ["--mode", "router", "--tokens", "12", "--prefill", "4", "--generate", "2"]
+    assert trace_main([model, *args, "--out", str(tmp_path / "a.bin")]) == EXIT_OK
+    assert trace_main([model, *args, "--out", str(tmp_path / "b.bin"), "--no-extra-bufts"]) == EXIT_OK
+    assert loaded == [True, False]
+    a, b = Trace.open(tmp_path / "a.bin").records, Trace.open(tmp_path / "b.bin").records
+    assert np.array_equal(a["actual_ids"], b["actual_ids"])

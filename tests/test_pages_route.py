@@ -20,11 +20,12 @@ from onebit_predict.constants import (
     PREFETCH_THREADS_BEFORE_ROUTE,
     PREFETCH_THREADS_DEFAULT,
 )
+from onebit_predict.costmodel.engine import Engine
 from onebit_predict.costmodel.keep import ExpertLRU, keep_capacity
 from onebit_predict.costmodel.kernel import Kernel, PageCache, PageDrive
 from onebit_predict.costmodel.layout import hits_first, synthetic_layout
 from onebit_predict.costmodel.measured import load_measured
-from onebit_predict.costmodel.pages import _Engine, _Sim, run_config
+from onebit_predict.costmodel.pages import _Sim, run_config
 from onebit_predict.costmodel.routing import load_routing
 from onebit_predict.costmodel.row_config import RowConfig
 from onebit_predict.drive.profiles import NVME
@@ -51,9 +52,9 @@ def play(path, model, predictor, consumer, route=False, layout=None, keep=False)
 # --- the workers' two queues ------------------------------------------------------------------
 
 
-def one_worker_sim(call: str = "advise") -> tuple[_Sim, Kernel, _Engine]:
+def one_worker_sim(call: str = "advise") -> tuple[_Sim, Kernel, Engine]:
     kernel = Kernel(64, PageCache(None), PageDrive(4096e3, 1.0, 1), window=0)
-    engine = _Engine()
+    engine = Engine()
     return _Sim(kernel, engine, synthetic_layout({0: 3 * P}, 4), call, 1, True, True), kernel, engine
 
 

@@ -215,8 +215,8 @@ def test_the_read_path_knobs_name_their_rows_and_the_page_model_plays_them():
         assert playable(row, None)  # the predictor off: decided before the trace is looked at
     for row in (RowConfig(consumer="advise", route=True, wait=1),):
         assert not playable(row, None)
-    # the LRU in anonymous memory: listed as not played, never played as the page cache's LRU
-    assert not playable(RowConfig(consumer="pread", route=True, keep="anon"), None)
+    # the LRU in anonymous memory: played by costmodel/anon.py (test_pages_anon.py), not as the page cache's LRU
+    assert playable(RowConfig(consumer="pread", route=True, keep="anon"), None)
 
 
 def test_the_layers_ahead_name_their_rows_and_the_page_model_refuses_them():

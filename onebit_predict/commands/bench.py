@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description=__doc__.splitlines()[0],
         epilog=EPILOG,
-        parents=[model_parent(optional=True), output_parent(csv=False)],
+        parents=[model_parent(optional=True, extra_bufts=True), output_parent(csv=False)],
     )
     p.add_argument("--restore", action="store_true", help=RESTORE)
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds (odd, for a clean median)")
@@ -96,11 +96,6 @@ def _parser() -> argparse.ArgumentParser:
         choices=("auto", "pageout", "dontneed"),
         default="auto",
         help="--cold: how to evict (auto: the first that works on this machine)",
-    )
-    p.add_argument(
-        "--no-extra-bufts",
-        action="store_true",
-        help="load the weights without llama.cpp's extra buffer types (AMX, repacking): the plain CPU kernels",
     )
     p.add_argument("--read-ahead-kb", type=arg_type(unique_list(read_ahead_value)), metavar="KB", help=READ_AHEAD)
     p.add_argument(

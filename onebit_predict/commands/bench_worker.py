@@ -47,7 +47,9 @@ def _drive_stats(text: str) -> tuple[int, Path]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=EPILOG, parents=[model_parent()])
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.splitlines()[0], epilog=EPILOG, parents=[model_parent(extra_bufts=True)]
+    )
     p.add_argument("--detect", action="store_true", help="print the page eviction method that works here, and stop")
     p.add_argument(
         "--memory-probe",
@@ -63,7 +65,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--text-file", type=Path, help="feed this file's bytes as token ids")
     p.add_argument("--cold-method", help="evict the expert pages this way before every decoded token")
     p.add_argument("--cgroup", type=Path, help="join this memory cgroup first, then drop the model from the page cache")
-    p.add_argument("--no-extra-bufts", action="store_true", help="without llama.cpp's extra buffer types")
     p.add_argument("--pristine", action="store_true", help="LLAMA_CPP_LIB_PATH is the unpatched pin: no onebit call")
     p.add_argument(
         "--drive-stats",

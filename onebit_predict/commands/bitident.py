@@ -38,7 +38,7 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description=__doc__.splitlines()[0],
         epilog="exit codes: 0 identical, 1 different, 2 usage or input error",
-        parents=[model_parent(), output_parent(csv=False)],
+        parents=[model_parent(extra_bufts=True), output_parent(csv=False)],
     )
     p.add_argument(
         "--modes",
@@ -57,12 +57,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the token stream")
     p.add_argument("--keep-traces", type=Path, help="write the traces into this directory instead of a temporary one")
-    p.add_argument(
-        "--no-extra-bufts",
-        action="store_true",
-        help="load the weights without llama.cpp's extra buffer types (AMX, repacking): the plain CPU "
-        "kernels (quantized weights in the AMX buffer fault on some VMs: docs/grown-models.md)",
-    )
     p.add_argument(
         "--debug-leak",
         action="store_true",

@@ -49,6 +49,7 @@ from ..policy import layer_range
 from ..trace import TraceError
 
 logger = logging.getLogger("onebit_predict")
+NO_EXTRA_BUFTS = "load the weights without llama.cpp's extra buffer types (AMX, repacking): the plain CPU kernels"
 
 
 class UsageError(ValueError):
@@ -86,10 +87,7 @@ EXIT_CODES: tuple[tuple[type[BaseException], int], ...] = (
 
 def exit_code(exc: BaseException) -> int | None:
     """The exit code of an exception (EXIT_CODES), or None when it is not a known failure."""
-    for cls, code in EXIT_CODES:
-        if isinstance(exc, cls):
-            return code
-    return None
+    return next((code for cls, code in EXIT_CODES if isinstance(exc, cls)), None)
 
 
 class _Formatter(logging.Formatter):
@@ -268,11 +266,13 @@ def layers_parent() -> argparse.ArgumentParser:
     return p
 
 
-def model_parent(*, optional: bool = False) -> argparse.ArgumentParser:
+def model_parent(*, optional: bool = False, extra_bufts: bool = False) -> argparse.ArgumentParser:
     """The MODEL.gguf positional of the commands that run llama.cpp (``optional``: None where not given,
-    for a command with an option that needs none)."""
+    for a command with an option that needs none; ``extra_bufts``: and ``--no-extra-bufts``)."""
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("model", type=Path, metavar="MODEL.gguf", nargs="?" if optional else None, help="the GGUF to run")
+    if extra_bufts:  # use_extra_bufts = false: quantized weights in the AMX buffer fault on some VMs
+        p.add_argument("--no-extra-bufts", action="store_true", help=NO_EXTRA_BUFTS)
     return p
 
 

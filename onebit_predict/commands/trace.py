@@ -53,7 +53,9 @@ _ANY_EXPERTS = 2**31 - 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0], epilog=EPILOG, parents=[model_parent()])
+    p = argparse.ArgumentParser(
+        prog=PROG, description=__doc__.splitlines()[0], epilog=EPILOG, parents=[model_parent(extra_bufts=True)]
+    )
     p.add_argument("--mode", required=True, choices=("off", "router", "block", "learned"))
     p.add_argument("--out", required=True, type=Path, help="the trace to write")
     p.add_argument("--depth", help=f"{ENV_DEPTH}")
@@ -160,6 +162,7 @@ def options(args: argparse.Namespace) -> RecordOptions:
         ctx=args.ctx,
         ubatch=args.ubatch,
         threads=args.threads,
+        extra_bufts=not args.no_extra_bufts,
     )
 
 

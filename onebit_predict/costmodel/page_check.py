@@ -35,6 +35,7 @@ from ..constants import (
 )
 from ..policy import PrefetchEnv, parse_prefetch
 from ..trace import Trace
+from .anon import run_anon
 from .measured import Measured, MeasuredRow
 from .page_settings import CHECK_KINDS, PageOptions, PageSetup, PageUsageError, resolve
 from .pages import ORACLE, PageModel, PageRun, run_config
@@ -75,8 +76,8 @@ def playable(config: RowConfig | None, routing: Routing) -> bool:
     router trace's) at the trace's depth (None: the default, n_expert_used) and lookahead; route
     time's expert LRU, with a predictor's guesses in its room for them (costmodel/keep.py); route time's
     wait (not with advise); the workers' pread; the matmuls' hits-first order (ONEBIT_MOE_PREFETCH_ORDER,
-    with route time). Not a batch's whole layers ahead (ONEBIT_MOE_PREFETCH_LAYERS), nor the LRU in
-    anonymous memory of its own (keep anon)."""
+    with route time); the LRU in anonymous memory of its own (keep anon, costmodel/anon.py). Not a
+    batch's whole layers ahead (ONEBIT_MOE_PREFETCH_LAYERS)."""
     if config is None:
         return False
     if config.wait and (not config.route or config.consumer == "advise"):
@@ -87,8 +88,6 @@ def playable(config: RowConfig | None, routing: Routing) -> bool:
         return False  # hits first orders route time's reads
     if config.layers or config.handback:
         return False  # nor batches' reads of whole layers: the trace plays decode
-    if config.keep == "anon":
-        return False  # its reads and its held memory are not the page cache's, which the model plays
     if config.is_off:
         return True
     h = routing.header
@@ -247,7 +246,7 @@ def _rows_at(
             config, source = played(m.config, measured.knobs_recorded, opts.prefetch_room, where)
             todo.append((config, m.name, m, source))
     # one simulation per configuration (predictor, call, route, keep, wait, order) and model
-    runs: dict[tuple[str | None, str, bool, bool, bool, bool, PageModel], PageRun] = {}
+    runs: dict[tuple[str | None, str, bool, bool | str | None, bool, bool, PageModel], PageRun] = {}
     rows = []
     default_workers = s.prefetch_threads.value or (measured.workers_default if measured else PREFETCH_THREADS_DEFAULT)
     for config, name, m, source in todo:
@@ -255,8 +254,11 @@ def _rows_at(
         workers = s.prefetch_threads.value or config.workers or default_workers
         played_model = replace(s.row_model(model, config, m, workers), prefetch_room=config.room or 0.0)
         keep, wait, order = config.keep == "lru", bool(config.wait), config.order == "hits"
-        key = (predictor, config.consumer, config.route, keep, wait, order, played_model)
-        if key not in runs:
+        held = "anon" if config.keep == "anon" else keep  # keep anon: its own model (costmodel/anon.py)
+        key = (predictor, config.consumer, config.route, held, wait, order, played_model)
+        if key not in runs and config.keep == "anon":
+            runs[key] = run_anon(routing, setup.layout, played_model, predictor, name, trace, order)
+        elif key not in runs:
             runs[key] = run_config(
                 routing,
                 setup.layout,

@@ -33,18 +33,18 @@ costmodel/page_check.py plays the configurations of a report with it.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import deque
 from collections.abc import Generator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..constants import PREFETCH_THREADS_DEFAULT, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
 from ..trace import Trace
+from .engine import Engine, fitted_layout, page_drive
 from .keep import ExpertLRU, keep_capacity
-from .kernel import PAGE_CACHES, Kernel, KernelCounts, PageDrive
+from .kernel import PAGE_CACHES, Kernel, KernelCounts
 from .layout import PAGE_SIZE, ExpertLayout, hits_first
 from .routing import Routing
 from .row_config import CONSUMERS, ORACLE
@@ -53,31 +53,6 @@ from .row_config import CONSUMERS, ORACLE
 # populate (MADV_POPULATE_READ faults every page of the range in, readahead included) plays as read
 ROUTE_CALL = "read"
 AS_CALL = {"off": "off", "advise": "advise", "read": "read", "populate": "read", "pread": "pread"}
-
-
-class _Engine:
-    """Actors (generators yielding the time of their next action, or None to sleep) run in time order."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Generator]] = []
-        self._n = 0
-
-    def at(self, t: float, actor: Generator) -> None:
-        heapq.heappush(self._heap, (t, self._n, actor))
-        self._n += 1
-
-    def next_time(self) -> float:
-        return self._heap[0][0] if self._heap else math.inf
-
-    def run(self) -> None:
-        while self._heap:
-            _, _, actor = heapq.heappop(self._heap)
-            try:
-                t = next(actor)
-            except StopIteration:
-                continue
-            if t is not None:
-                self.at(t, actor)
 
 
 @dataclass(frozen=True)
@@ -247,7 +222,7 @@ class _Sim:
     def __init__(
         self,
         kernel: Kernel,
-        engine: _Engine,
+        engine: Engine,
         layout: ExpertLayout,
         call: str,
         n_workers: int,
@@ -281,13 +256,7 @@ class _Sim:
             self.outstanding[layer] = self.outstanding.get(layer, 0) + len(ranges)
         else:
             self.ranges += len(ranges)
-        for w in self.workers:
-            if not self.queue and not self.urgent:
-                break
-            if w.asleep:
-                w.asleep = False
-                w.t = max(w.t, t)
-                self.engine.at(w.t, w.gen)
+        self.engine.wake(self.workers, t, lambda: bool(self.queue or self.urgent))
 
     def drop_stale(self, layer: int) -> None:
         """A route-time op at ``layer``: the speculative ranges queued for it or an earlier layer come too late."""
@@ -541,17 +510,12 @@ def run_config(
     call = AS_CALL[consumer] if consumer != "off" or not route else ROUTE_CALL
     if isinstance(prefill, Trace):
         prefill = prefill_steps(prefill, oracle)
-    missing = sorted(set(routing.layers) - set(layout.layers))
-    if missing:
-        raise ValueError(f"no expert tensors for layers {missing} in the layout ({layout.source})")
-    if layout.page_size != model.page_size:
-        layout = replace(layout, page_size=model.page_size)
+    layout = fitted_layout(routing, layout, model.page_size)
     cache = PAGE_CACHES[model.page_cache](model.capacity_pages)
-    max_pages = None if model.max_request_bytes is None else model.max_request_bytes // model.page_size
-    drive = PageDrive(model.bandwidth, model.latency_ms, model.queue_depth, model.page_size, max_pages)
+    drive = page_drive(model)
     random = layout.is_expert_page() if model.random_experts else None
     kernel = Kernel(layout.n_pages, cache, drive, model.window_pages, model.fault_ms, random)
-    engine = _Engine()
+    engine = Engine()
     need = layout.token_need_bytes(routing.header.n_expert_used)
     held = speculative and model.room_holds(need)
     sim = _Sim(kernel, engine, layout, call, model.workers, speculative, route, held)

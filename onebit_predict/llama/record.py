@@ -96,6 +96,7 @@ class RecordOptions:
     ctx: int = 512
     ubatch: int = 64
     threads: int = 2
+    extra_bufts: bool = True  # llama.cpp's extra buffer types (AMX, repacking); False: the plain CPU kernels
 
 
 def prompt_tokens(prompt: Prompt, model: Model) -> list[int]:
@@ -155,7 +156,7 @@ def record(opts: RecordOptions, progress: Progress = lambda done, total: None) -
 
 def _record(opts: RecordOptions, trace: Path, progress: Progress) -> int:
     """record(), the trace written to ``trace``."""
-    with Model(opts.model) as model:
+    with Model(opts.model, extra_bufts=opts.extra_bufts) as model:
         prompt = prompt_tokens(opts.prompt, model)
         if not prompt:
             raise ValueError("the prompt has no tokens")
