@@ -308,29 +308,36 @@ def test_an_old_row_shows_no_split_and_a_bad_one_is_refused(tmp_path):
     assert load_measured(tmp_path / "r.json").rows[0].decode == DecodeSplit(5.0)
 
 
-def _drive_stats(requests: int, nbytes: int, max_request: int):
+def _drive_stats(requests: int, nbytes: int, max_request: int, residence_s: float = 0.0, busy_s: float = 0.0):
     from onebit_predict.drive.emudrive import DriveStats
 
     return DriveStats(
         seq=1, final=False, requests=requests, bytes=nbytes, user_s=0.0, sys_s=0.0, serve_user_s=0.0,
         serve_sys_s=0.0, wall_s=0.0, max_inflight=8, window_max_inflight=8, queued=0, queue_wait_s=0.0,
-        max_request=max_request, latency_us=65.0, bandwidth=6e9, channels=64, max_read=131072, file_bytes=1 << 30,
+        max_request=max_request, residence_s=residence_s, busy_s=busy_s, latency_us=65.0, bandwidth=6e9,
+        channels=64, max_read=131072, file_bytes=1 << 30,
     )  # fmt: skip
 
 
 def test_an_emulated_drive_counts_its_own_requests(tmp_path, monkeypatch):
     """On an emulated drive the emulator's counters are the requests (FUSE reads have no diskstats line):
-    their count and bytes over the decode, the largest it served since mounted, no times."""
-    snaps = iter([_drive_stats(100, 100 * 65536, 131072), _drive_stats(160, 100 * 65536 + 60 * 131072, 131072)])
+    their count and bytes over the decode, the largest it served since mounted, and its schedule's times:
+    60 requests that spent 0.3 s in the device in all (5 ms each) over 1 s of wall (0.3 in flight), the
+    device busy 0.25 s of it (25 %)."""
+    snaps = iter([_drive_stats(100, 100 * 65536, 131072, 1.0, 0.75),
+                  _drive_stats(160, 100 * 65536 + 60 * 131072, 131072, 1.3, 1.0)])  # fmt: skip
     monkeypatch.setattr(worker, "_drive_snapshot", lambda drive_stats: next(snaps))
+    clock = iter([10.0, 11.0])
+    monkeypatch.setattr(worker.time, "perf_counter", lambda: next(clock))
     counter = worker.ReadCounter(tmp_path / "mnt" / "m.gguf", (1234, tmp_path / "stats"))
     assert counter.disk is None
     counter.start()
     reads, drive = counter.stop()
     assert (reads.source, reads.requests, reads.bytes) == ("emulated", 60, 60 * 131072) and drive.requests == 60
     assert (reads.largest_bytes, reads.largest_is, reads.mean_bytes) == (131072, LARGEST_SEEN, 131072)
-    assert reads.in_flight is None and reads.busy is None
+    assert reads.wall_s == 1.0 and reads.mean_ms == pytest.approx(5.0)
+    assert reads.in_flight == pytest.approx(0.3) and reads.busy == pytest.approx(0.25)
     d = run_split(_sample(10.0, reads=reads), 10)
     assert (d.requests_from, d.requests, d.request_kib_mean, d.request_kib_largest) == ("emulated", 6.0, 128.0, 128.0)
-    assert d.in_flight is None and d.busy is None and d.request_ms_mean is None
-    assert decode_cells(d)[2:6] == ["6.0", "128", "-", "-"]
+    assert d.request_ms_mean == pytest.approx(5.0)
+    assert decode_cells(d)[2:6] == ["6.0", "128", "0.30", "25.0%"]

@@ -64,10 +64,12 @@ def test_stats_line_parses():
     line = (
         "onebit-emudrive seq=3 final=1 requests=10 bytes=1310720 user_s=0.1 sys_s=0.2 serve_user_s=0.01 "
         "serve_sys_s=0.02 wall_s=1.5 max_inflight=4 window_max_inflight=2 queued=1 queue_wait_s=0.0001 "
-        "max_request=131072 latency_us=65.000 bandwidth=6000000000 channels=64 max_read=131072 file_bytes=67108864"
+        "max_request=131072 residence_s=0.004 busy_s=0.003 latency_us=65.000 bandwidth=6000000000 channels=64 "
+        "max_read=131072 file_bytes=67108864"
     )
     s = DriveStats.parse(line)
     assert (s.seq, s.final, s.requests, s.max_request, s.channels) == (3, True, 10, 131072, 64)
+    assert (s.residence_s, s.busy_s) == (0.004, 0.003)
     assert s.serve_cpu_s == pytest.approx(0.03)
     with pytest.raises(EmuDriveError):
         DriveStats.parse("onebit-emudrive seq=1")
@@ -222,6 +224,29 @@ def test_sata_does_not_scale(emu_binary, data_file):
     assert stats.max_inflight >= 6 and stats.max_request == 1 * MIB
     assert eight <= 1.05 * SATA.bandwidth, f"sata: 8 readers {eight / 1e6:.0f} MB/s, above its bus"
     assert eight < 1.7 * one, f"sata: 8 readers {eight / 1e6:.0f} MB/s, one {one / 1e6:.0f} MB/s"
+
+
+def test_the_schedule_times_every_request_and_the_busy_share(emu_binary, data_file):
+    """``residence_s``: each request's time in the device's schedule, summed (diskstats' weighted time);
+    ``busy_s``: the time at least one was in it. One reader at a time: each request is its latency and
+    transfer, and nothing overlaps, so busy equals residence; eight readers overlap, so the residence is
+    well above the busy time (more than one request in flight), and the busy time is within the wall's."""
+    bs = 1 * MIB
+    with mounted(data_file[0], SATA, bs // KIB if RA_KB else None, max_read=bs, binary=emu_binary) as m:
+        drop_file(m.path)
+        s0 = m.stats()
+        _read_random(m.path, [i * bs for i in range(6)], bs)
+        one = m.stats().minus(s0)
+        expected = one.requests * SATA.latency_us / 1e6 + one.bytes / SATA.bandwidth
+        assert one.requests >= 6 and one.residence_s == pytest.approx(expected, rel=0.01)
+        assert one.busy_s == pytest.approx(one.residence_s, rel=0.01)
+        s1 = m.stats()
+        t0 = time.perf_counter()
+        _throughput(m.path, 24 * MIB, bs, 8)
+        wall = time.perf_counter() - t0
+        eight = m.stats().minus(s1)
+        assert eight.residence_s > 2.0 * eight.busy_s, eight
+        assert 0 < eight.busy_s <= wall
 
 
 def test_mount_is_gone_after_exit_and_after_an_exception(emu_binary, data_file):

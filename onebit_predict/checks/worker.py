@@ -150,7 +150,11 @@ class ReadCounter:
         wall = time.perf_counter() - self._t0
         if self._drive0 is not None:
             d = _drive_snapshot(self.drive_stats).minus(self._drive0)
-            return ReadRequests("emulated", d.requests, d.bytes, wall, d.max_request, LARGEST_SEEN), d
+            # the device's schedule: residence is diskstats' read and weighted time, busy its io_ticks
+            ms = 1e3 * d.residence_s
+            return ReadRequests(
+                "emulated", d.requests, d.bytes, wall, d.max_request, LARGEST_SEEN, ms, ms, 1e3 * d.busy_s
+            ), d
         after = None if self.disk is None else read_diskstats(self.disk.names, self.diskstats)
         if after is None or self._disk0 is None or after.name != self._disk0.name:
             return None, None

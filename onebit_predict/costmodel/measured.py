@@ -121,9 +121,10 @@ class DecodeSplit:
 
     The read requests come from ``requests_from``: ``diskstats DEV`` (the model's block device,
     llama/diskstats.py: the device's, every process's, with their times) or ``emulated`` (the
-    emulator's counters: no times). ``request_kib_largest`` is the device's cap (max_sectors_kb,
-    the largest possible: LARGEST_CAP) on a block device, the largest the emulator served since it
-    was mounted (LARGEST_SEEN) on an emulated one, as ``request_kib_largest_is`` says.
+    emulator's counters; the times of its device schedule since 2026-12-06, none in reports before).
+    ``request_kib_largest`` is the device's cap (max_sectors_kb, the largest possible: LARGEST_CAP) on a
+    block device, the largest the emulator served since it was mounted (LARGEST_SEEN) on an emulated
+    one, as ``request_kib_largest_is`` says.
 
     ``expert_hit``: the share of the routed experts' bytes resident when their layer was routed,
     ``route_resident / (route_resident + route_bytes)`` over the decode. Only route-time rows have it

@@ -80,6 +80,8 @@ class DriveStats:
     queued: int  # requests that waited for a free channel
     queue_wait_s: float
     max_request: int  # bytes
+    residence_s: float  # every request's arrival to its transfer's end in the device's schedule, summed
+    busy_s: float  # the time at least one request was in the device (the union of those intervals)
     latency_us: float
     bandwidth: float
     channels: int
@@ -121,6 +123,8 @@ class DriveStats:
             queued=self.queued - before.queued,
             queue_wait_s=self.queue_wait_s - before.queue_wait_s,
             max_request=self.max_request,
+            residence_s=self.residence_s - before.residence_s,
+            busy_s=self.busy_s - before.busy_s,
             latency_us=self.latency_us,
             bandwidth=self.bandwidth,
             channels=self.channels,

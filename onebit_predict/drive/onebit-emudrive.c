@@ -25,7 +25,10 @@
  * serve_sys_s (since the mount came up), wall_s (since then), max_inflight (requests received and
  * not yet done in the device, the most seen at once), window_max_inflight (the same since the
  * previous stats line), queued (requests that waited for a channel),
- * queue_wait_s, max_request (bytes), and the configuration.
+ * queue_wait_s, max_request (bytes), residence_s (every request's time from its arrival to the end of
+ * its transfer in the device's schedule, summed: /proc/diskstats' weighted time), busy_s (the time
+ * at least one request was in the device: diskstats' io_ticks), and the configuration. Both are the
+ * schedule's, known when a request arrives: a reply the host's scheduler delays is not in them.
  *
  * Exit codes: 0 ok (unmounted after SIGTERM, SIGINT or SIGHUP, or unmounted from outside),
  * 1 runtime failure (cannot read the file, cannot mount, a FUSE error), 2 usage.
@@ -121,6 +124,9 @@ struct device {
 	uint64_t max_request;
 	unsigned max_inflight;
 	unsigned window_max_inflight; /* since the previous stats line */
+	int64_t residence_ns; /* each request's arrival to its transfer's end, summed */
+	int64_t busy_ns;      /* the union of those intervals */
+	int64_t busy_until;   /* the end of the last of them */
 	/* atomic */
 	unsigned inflight;
 };
@@ -162,6 +168,12 @@ static int64_t device_schedule(uint64_t n, int64_t now)
 	done = xfer_start + (int64_t)((double)n * dev.ns_per_byte + 0.5);
 	dev.bus_free = done;
 	dev.chan_free[best] = done;
+	dev.residence_ns += done - now;
+	/* requests arrive in time order (up to the lock's), so the union grows at its end */
+	if (done > dev.busy_until) {
+		dev.busy_ns += done - (now > dev.busy_until ? now : dev.busy_until);
+		dev.busy_until = done;
+	}
 	dev.requests++;
 	dev.bytes += n;
 	if (n > dev.max_request)
@@ -199,13 +211,15 @@ static void write_stats(int final)
 		       "onebit-emudrive seq=%u final=%d requests=%" PRIu64 " bytes=%" PRIu64
 		       " user_s=%.6f sys_s=%.6f serve_user_s=%.6f serve_sys_s=%.6f wall_s=%.6f"
 		       " max_inflight=%u window_max_inflight=%u queued=%" PRIu64 " queue_wait_s=%.6f max_request=%" PRIu64
+		       " residence_s=%.6f busy_s=%.6f"
 		       " latency_us=%.3f bandwidth=%.0f channels=%u max_read=%u file_bytes=%" PRIu64 "\n",
 		       ++stats_seq, final, dev.requests, dev.bytes, tv_s(ru.ru_utime), tv_s(ru.ru_stime),
 		       serve_t0 ? tv_s(ru.ru_utime) - tv_s(serve_ru0.ru_utime) : 0.0,
 		       serve_t0 ? tv_s(ru.ru_stime) - tv_s(serve_ru0.ru_stime) : 0.0,
 		       serve_t0 ? (double)(now_ns() - serve_t0) / 1e9 : 0.0, dev.max_inflight,
 		       dev.window_max_inflight, dev.queued,
-		       (double)dev.queue_wait_ns / 1e9, dev.max_request, cfg.latency_us, cfg.bandwidth,
+		       (double)dev.queue_wait_ns / 1e9, dev.max_request, (double)dev.residence_ns / 1e9,
+		       (double)dev.busy_ns / 1e9, cfg.latency_us, cfg.bandwidth,
 		       cfg.channels, cfg.max_read, data_size);
 	dev.window_max_inflight = __atomic_load_n(&dev.inflight, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&dev.lock);

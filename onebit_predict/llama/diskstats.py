@@ -15,8 +15,10 @@ The largest request is not in ``/proc/diskstats``: :class:`ReadRequests` holds t
 llama/read_ahead.py :func:`~onebit_predict.llama.read_ahead.block_device`'s (the whole disk); a
 file on a partition takes the partition's line where /proc/diskstats has one, else the disk's.
 An emulated drive (drive/emudrive.py) has no line there (FUSE reads never reach the block layer):
-the worker builds its :class:`ReadRequests` from the emulator's counters (requests, bytes, and the
-largest request it served since mounted: LARGEST_SEEN), without times.
+the worker builds its :class:`ReadRequests` from the emulator's counters: requests, bytes, the
+largest request it served since mounted (LARGEST_SEEN), and since 2026-12-06 the times of its device
+schedule (each request's arrival to its transfer's end, summed, as the read and weighted time; the time
+at least one request was in the device as io_ticks): not the host's delays in replying.
 
 Everything takes the diskstats file and the sysfs root as parameters, so that the tests feed
 made-up text and never read a real device.
@@ -108,7 +110,7 @@ def model_disk(path: str | Path, sys_root: Path | None = None) -> ModelDisk | No
 @dataclass(frozen=True)
 class ReadRequests:
     """The read requests a drive served over an interval (a decode): from /proc/diskstats or an emulated
-    drive's counters. The times are None where the source has none (the emulator)."""
+    drive's counters (its schedule's times). The times are None where the source has none."""
 
     source: str  # "diskstats vda", "emulated"
     requests: int
