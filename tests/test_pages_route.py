@@ -384,3 +384,26 @@ def test_hits_first_computes_the_resident_expert_while_the_missing_one_is_read(t
     assert hits.route_missing_pages == plain.route_missing_pages > 0
     with pytest.raises(ValueError, match="hits first is played with route time"):
         run_config(load_routing(trace), lay, model, None, "off", "x", trace, order=True)
+
+
+def test_compute_from_rows_plays_each_row_at_its_own_compute(capsys, tiny, tmp_path):  # noqa: F811
+    """--compute-from-rows: a row with a decode split (the decoding thread's compute, --threads 1) plays at
+    that compute over the trace's MoE layers (2 here), one without at --layer-ms, and one whose compute is
+    the process's (several threads: not the decoding thread's alone) at --layer-ms too; without the flag
+    every row plays at --layer-ms. A slower compute gives a slower row."""
+    configs = [RowConfig(route=True), RowConfig(route=True, keep="lru"), RowConfig(route=True, wait=1)]
+    path = config_report(tmp_path / "c.json", configs, limit=65536)
+    data = json.loads(path.read_text())
+    data["rows"][0]["decode"] = {"compute_ms": 30.0, "wait_ms": 1.0, "compute_basis": "thread"}
+    data["rows"][2]["decode"] = {"compute_ms": 30.0, "wait_ms": None, "compute_basis": "process"}
+    path.write_text(json.dumps(data))
+    args = ["--expert-bytes", "12288", "--layer-ms", "1", "--readahead-kb", "0", "--tolerance", "999", "--json"]
+    rows = {}
+    for flag in ([], ["--compute-from-rows"]):
+        rc, out, err = run_cli(capsys, tiny, *args, *flag, "--measured", path)
+        assert rc in (EXIT_OK, EXIT_CHECK_FAILED), err
+        rows[bool(flag)] = {r["configuration"]: r for r in json.loads(out)["rows"]}
+    own, plain = rows[True], rows[False]
+    assert {r["layer_ms"] for r in plain.values()} == {1.0}
+    assert own["route"]["layer_ms"] == 15.0 and own["route"]["tok_s"] < plain["route"]["tok_s"]
+    assert own["route, keep lru"]["layer_ms"] == own["route, wait 1"]["layer_ms"] == 1.0

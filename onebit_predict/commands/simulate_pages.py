@@ -26,7 +26,7 @@ import logging
 import sys
 from pathlib import Path
 
-from ..constants import ENV_PREFETCH_ROOM, EXIT_CHECK_FAILED, EXIT_OK, PREFETCH_ROOM_DEFAULT, PREFETCH_ROOM_MAX
+from ..constants import ENV_PREFETCH_ROOM, EXIT_CHECK_FAILED, EXIT_OK, PREFETCH_ROOM_DEFAULT
 from ..costmodel.kernel import PAGE_CACHES
 from ..costmodel.measured import load_measured
 from ..costmodel.page_check import PageCheck, Row, check_pages
@@ -45,24 +45,10 @@ from ..trace import Trace
 from ..units import fmt_bandwidth, parse_size
 from .cache_args import header_summary
 from .common import arg_type, comma_list, fmt, nonneg_float, positive_int, table
+from .page_args import check_kinds, page_kb, room, size_or_zero, tolerance
 
 logger = logging.getLogger("onebit_predict")
 MIB = 2**20
-
-
-def _check_kinds(text: str) -> tuple[str, ...]:
-    kinds = tuple(dict.fromkeys(s.strip() for s in text.split(",")))
-    bad = [k for k in kinds if k not in CHECK_KINDS]
-    if bad or not kinds:
-        raise ValueError(f"'{text}': give some of {', '.join(CHECK_KINDS)}")
-    return kinds
-
-
-def _tolerance(text: str) -> float:
-    v = float(text)
-    if not 0 < v < 1000:
-        raise ValueError(f"'{text}' is not a percentage in (0, 1000)")
-    return v
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -83,7 +69,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--process-bytes",
-        type=arg_type(_size_or_zero),
+        type=arg_type(size_or_zero),
         metavar="SIZE",
         help="what the process holds in its cgroup besides the model's page cache (anonymous memory, "
         "compute buffers); needed with a memory limit unless the measured report has it",
@@ -103,7 +89,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--page-kb",
-        type=arg_type(lambda s: _page_kb(s)),
+        type=arg_type(page_kb),
         metavar="KB",
         help="the simulation's page (default 4, or 64 when every expert slice is at least 512 KiB and "
         "faults read windows): a coarser page is faster to simulate",
@@ -116,7 +102,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--prefetch-room",
-        type=arg_type(lambda s: _room(s)),
+        type=arg_type(room),
         metavar="R",
         help=f"the consumer's room rule ({ENV_PREFETCH_ROOM}): it issues nothing while the page cache under the "
         "limit (the limit minus --process-bytes) is below R x the mapped bytes one token reads; 0: no rule "
@@ -144,37 +130,25 @@ def configure(p: argparse.ArgumentParser) -> None:
         "against simulated per row; exit 1 when a checked row misses by more than --tolerance",
     )
     g.add_argument(
+        "--compute-from-rows",
+        action="store_true",
+        help="--measured: play each row at its own measured compute (its decode split's compute ms a token "
+        "over the trace's MoE layers) instead of --layer-ms, so the check is of the reads and waits alone",
+    )
+    g.add_argument(
         "--check",
-        type=arg_type(_check_kinds),
+        type=arg_type(check_kinds),
         default=CHECK_DEFAULT,
         metavar="KINDS",
         help=f"the rows --measured checks: some of {','.join(CHECK_KINDS)} (default {','.join(CHECK_DEFAULT)})",
     )
     g.add_argument(
         "--tolerance",
-        type=arg_type(_tolerance),
+        type=arg_type(tolerance),
         default=TOLERANCE_PCT,
         metavar="PCT",
         help=f"--measured: the largest error a checked row may have, %% (default {TOLERANCE_PCT:g})",
     )
-
-
-def _room(text: str) -> float:
-    v = nonneg_float(text)
-    if v > PREFETCH_ROOM_MAX:
-        raise ValueError(f"'{text}' is above {PREFETCH_ROOM_MAX:g} (the consumer clamps {ENV_PREFETCH_ROOM} there)")
-    return v
-
-
-def _size_or_zero(text: str) -> float:
-    return 0.0 if text.strip() == "0" else parse_size(text)
-
-
-def _page_kb(text: str) -> int:
-    v = positive_int(text)
-    if v % 4 or v & (v - 1):
-        raise ValueError(f"'{text}' is not a power of two multiple of 4 KiB")
-    return v
 
 
 def wants_pages(args: argparse.Namespace) -> bool:
@@ -193,6 +167,8 @@ def run(args: argparse.Namespace, trace: Trace, routing: Routing) -> int:
     if args.model is not None:
         require_trace_model(args.model, trace.header.n_expert, routing.layers)
     got = check_pages(options(args), trace, routing, measured, probe=device_read_ahead_kb)
+    if args.compute_from_rows and measured is not None:
+        logger.info("each row with a decode split plays at its own compute (json: layer_ms), the others at --layer-ms")
     if got.unplayed:
         logger.info("not simulated (not a configuration of this trace): %s", ", ".join(got.unplayed))
     if args.json:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from ..constants import (
+    COMPUTE_THREAD,
     ENV_PREFETCH_GUARD,
     ENV_PREFETCH_ROOM,
     ENV_PREFETCH_THREADS,
@@ -164,6 +165,7 @@ class Row:
             "need_mib": run.need_bytes / MIB,
             "drive": None if m is None else m.drive,
             "workers": None if model is None else model.workers,
+            "layer_ms": None if model is None else model.layer_ms,
             "read_around_kib": None if model is None else model.window_pages * model.page_size // 1024,
             "route_missing_mib_per_token": route_mib,
             "measured_route_missing_mib_per_token": m_route,
@@ -193,6 +195,15 @@ class PageCheck:
     @property
     def misses(self) -> list[Row]:
         return [r for r in self.rows if r.missed(self.tolerance)] if self.measured is not None else []
+
+
+def row_layer_ms(m: MeasuredRow | None, n_layers: int) -> float | None:
+    """A measured row's own compute a layer: its decode split's compute ms a token (the decoding thread's
+    CPU: one compute thread) over the trace's MoE layers; None where it has none (the given layer ms)."""
+    d = None if m is None else m.decode
+    if d is None or d.compute_ms is None or d.compute_basis != COMPUTE_THREAD or n_layers < 1:
+        return None
+    return d.compute_ms / n_layers
 
 
 def played(config: RowConfig, recorded: bool, given: float | None, where: str) -> tuple[RowConfig, str]:
@@ -253,6 +264,8 @@ def _rows_at(
         predictor = ORACLE if config.oracle else config.predictor
         workers = s.prefetch_threads.value or config.workers or default_workers
         played_model = replace(s.row_model(model, config, m, workers), prefetch_room=config.room or 0.0)
+        own = row_layer_ms(m, len(routing.layers)) if opts.compute_from_rows else None
+        played_model = played_model if own is None else replace(played_model, layer_ms=own)
         keep, wait, order = config.keep == "lru", bool(config.wait), config.order == "hits"
         held = "anon" if config.keep == "anon" else keep  # keep anon: its own model (costmodel/anon.py)
         key = (predictor, config.consumer, config.route, held, wait, order, played_model)

@@ -89,6 +89,7 @@ class PageOptions:
     cold: bool = False
     check: tuple[str, ...] = CHECK_DEFAULT
     tolerance: float = TOLERANCE_PCT
+    compute_from_rows: bool = False  # each measured row at its own compute (its decode split), not layer_ms
 
 
 @dataclass(frozen=True)
