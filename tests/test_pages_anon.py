@@ -7,6 +7,7 @@ are test_simulate_pages.py's and test_pages_route.py's.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from tests.test_pages_route import lru_trace
 from tests.test_simulate_pages import P, config_report, layout_3_pages, run_cli, tiny_model
 
 ANON = RowConfig(consumer="pread", route=True, keep="anon")
+MODELS = Path(__file__).resolve().parent.parent / "models"
 
 
 def anon(path, model, predictor=None, order=False, layout=None):
@@ -144,3 +146,30 @@ def test_a_reports_keep_anon_rows_are_played_and_checked(capsys, tmp_path):
     a = got[ANON.name]
     assert a["checked"] and a["kind"] == "route" and a["major_faults_per_token"] == 0
     assert a["keep_evicted_per_token"] == 0 and got[rows[0].name]["keep_evicted_per_token"] > 0
+
+
+def test_exact_plays_madv_random_on_the_expert_pages(tmp_path):
+    """``exact`` (the consumer's MADV_RANDOM on the expert tensors): a dense fault's read-around still
+    reads its window, but a readahead marker on an expert page pulls nothing more, so the same decode
+    reads fewer pages than without it, on the bundled model's real layout (dense tensors between the
+    experts). Before, keep anon's model ignored it and read the same pages either way."""
+    from dataclasses import replace
+
+    from onebit_predict.costmodel.layout import layout_from_gguf
+
+    lay, n_expert = layout_from_gguf(MODELS / "qwen3moe-tiny.gguf")
+    path = tmp_path / "t.bin"
+    h = TraceHeader.build(n_layer=8, n_expert=n_expert, n_expert_used=4, depth=4, mode=MODE_ROUTER, layers=set(),
+                          model="t")  # fmt: skip
+    rng = __import__("random").Random(5)
+    with TraceWriter(path, h) as w:
+        for pos in range(24):
+            for layer in range(8):
+                w.add(step=pos, seq_id=0, pos=pos, layer=layer, actual=rng.sample(range(n_expert), 4), pred=None,
+                      decode=pos > 0)  # fmt: skip
+    trace = Trace.open(path)
+    model = tiny_model(capacity_pages=200, window_pages=64, layer_ms=0.1)
+    plain = run_anon(load_routing(trace), lay, model, None, "x", trace, True)
+    exact = run_anon(load_routing(trace), lay, replace(model, random_experts=True), None, "x", trace, True)
+    assert exact.counts.pages_read < plain.counts.pages_read
+    assert exact.route_missing_pages == plain.route_missing_pages  # the experts' own reads are the same

@@ -360,7 +360,8 @@ def run_anon(
     lru = AnonLRU(cap, layers, n_used, guesses=guesses)
     # the page cache keeps what the limit leaves beside the LRU's memory: the dense weights
     cache = PAGE_CACHES[model.page_cache](max(1, (model.capacity_pages or 0) - cap * expert_pages))
-    kernel = Kernel(layout.n_pages, cache, page_drive(model), model.window_pages, model.fault_ms)
+    random = layout.is_expert_page() if model.random_experts else None  # exact: MADV_RANDOM on the experts
+    kernel = Kernel(layout.n_pages, cache, page_drive(model), model.window_pages, model.fault_ms, random)
     engine = Engine()
     sim = _Sim(engine, kernel, layout, lru, order, guesses)
     sim.workers = [_Worker(sim) for _ in range(model.workers)]
