@@ -289,18 +289,14 @@ class _Compute:
         cost = cost_per_layer_ms(steps, model.predictor_cost_ms) if self.costs else 0.0
         for step in steps:
             yield from self._dense(step.layer, before)
-            if self.t > sim.engine.next_time():
-                yield self.t
-            self.t += model.op_ms
+            yield from sim.engine.op(self, model.op_ms)
             mine = self._route(step)
             if not sim.order:  # the layer's matmuls start once its slices are in
                 yield from self._sleep(lambda mine=mine: all(s.left == 0 for s in mine), timed)
             if step.next_pred is not None:
                 self.t += cost
             if sim.speculative and step.next_pred:
-                if self.t > sim.engine.next_time():
-                    yield self.t
-                self.t += model.op_ms
+                yield from sim.engine.op(self, model.op_ms)
                 self._guesses(step)
             if sim.order:
                 yield from self._matmuls(step.layer, mine, model.layer_ms - before, timed)
@@ -353,7 +349,7 @@ def run_anon(
         prefill = prefill_steps(prefill, oracle)
     layout = fitted_layout(routing, layout, model.page_size)
     n_used, layers = routing.header.n_expert_used, sorted(routing.layers)
-    expert_pages = sum(end - begin for begin, end in layout.expert_ranges(layers[0], 0))
+    expert_pages = layout.expert_pages(layers[0])
     need = layout.token_need_bytes(n_used)
     guesses = speculative and not model.room_holds(need)
     cap = keep_capacity(room, need, expert_pages * layout.page_size, len(layers), n_used, guesses=guesses)

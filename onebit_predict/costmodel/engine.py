@@ -1,10 +1,10 @@
 """The page models' clock, and what every page-model run sets up the same way.
 
 :class:`Engine` runs actors (the compute thread, the consumer's workers: generators yielding the
-time of their next action, or None to sleep) in time order; :meth:`Engine.wake` wakes the
-sleeping workers when work is queued. :func:`fitted_layout` and :func:`page_drive` are the layout
-and the drive a run plays on. costmodel/pages.py (the page cache's configurations) and
-costmodel/anon.py (keep anon) build on them.
+time of their next action, or None to sleep) in time order; :meth:`Engine.wake` wakes the sleeping
+workers when work is queued, :meth:`Engine.op` runs an op on the compute thread in its turn.
+:func:`fitted_layout` and :func:`page_drive` are the layout and the drive a run plays on.
+costmodel/pages.py (the page cache's configurations) and costmodel/anon.py (keep anon) build on them.
 """
 
 from __future__ import annotations
@@ -20,10 +20,15 @@ from .layout import ExpertLayout
 from .routing import Routing
 
 
-class Sleeper(Protocol):
-    """A worker the engine can wake: its time, whether it sleeps, its generator."""
+class Clocked(Protocol):
+    """An actor's own time (the compute thread's, a worker's)."""
 
     t: float
+
+
+class Sleeper(Clocked, Protocol):
+    """A worker the engine can wake: its time, whether it sleeps, its generator."""
+
     asleep: bool
     gen: Generator
 
@@ -61,6 +66,13 @@ class Engine:
                 continue
             if t is not None:
                 self.at(t, actor)
+
+    def op(self, actor: Clocked, ms: float) -> Generator[float, None, None]:
+        """An op of ``ms`` on ``actor`` (the compute thread: the consumer's route-time or guesses' op):
+        it waits its turn in time order behind what the engine has before it, then takes its time."""
+        if actor.t > self.next_time():
+            yield actor.t
+        actor.t += ms
 
     def wake(self, workers: Iterable[Sleeper], t: float, queued: Callable[[], bool]) -> None:
         """Work was queued at t: the sleeping workers wake (each at t or its own later time) while

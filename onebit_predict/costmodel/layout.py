@@ -52,6 +52,10 @@ class ExpertLayout:
         """The page ranges ``[first, end)`` of one expert's slices, in read order."""
         return [self._slice_pages(t, expert) for t in self.layers[layer]]
 
+    def expert_pages(self, layer: int) -> int:
+        """The pages one expert's page-rounded slices take in ``layer`` (expert 0's: all are the same size)."""
+        return sum(end - first for first, end in self.expert_ranges(layer, 0))
+
     def demand_pages(self, layer: int, experts: Iterable[int]) -> list[int]:
         """The pages a layer touches for these experts: tensor by tensor, experts ascending, each page once."""
         seen: set[int] = set()

@@ -416,9 +416,7 @@ class _Compute:
         for step in steps:
             yield from self._touch(self._dense(step.layer), before, timed)  # attention, norms, router
             if sim.route:  # right after the router: the layer's own experts, ahead of every speculative read
-                if self.t > sim.engine.next_time():
-                    yield self.t
-                self.t += model.op_ms
+                yield from sim.engine.op(self, model.op_ms)
                 self._route(step, timed)
                 if sim.wait and sim.outstanding.get(step.layer):
                     # the matmuls start once the layer's reads are in (the workers wake it)
@@ -428,9 +426,7 @@ class _Compute:
             if step.next_pred is not None:
                 self.t += cost
             if sim.speculative and step.next_pred:
-                if self.t > sim.engine.next_time():
-                    yield self.t
-                self.t += model.op_ms
+                yield from sim.engine.op(self, model.op_ms)
                 if not sim.held:
                     sim.push(self.t, self._ranges(step, timed), step.target)
             if sim.order:
@@ -523,7 +519,7 @@ def run_config(
     room = model.room_bytes()
     if keep and room is not None:
         n_used, first = routing.header.n_expert_used, min(routing.layers)
-        expert = sum(end - begin for begin, end in layout.expert_ranges(first, 0)) * layout.page_size
+        expert = layout.expert_pages(first) * layout.page_size
         n_moe = len(routing.layers)
         cap = keep_capacity(room, need, expert, n_moe, n_used, guesses=speculative)
         sim.keep = ExpertLRU(cap, n_moe, n_used, guesses=speculative)
