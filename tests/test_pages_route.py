@@ -16,6 +16,7 @@ import pytest
 from onebit_predict.constants import (
     EXIT_CHECK_FAILED,
     EXIT_OK,
+    EXIT_USAGE,
     MODE_ROUTER,
     PREFETCH_THREADS_BEFORE_ROUTE,
     PREFETCH_THREADS_DEFAULT,
@@ -407,3 +408,16 @@ def test_compute_from_rows_plays_each_row_at_its_own_compute(capsys, tiny, tmp_p
     assert {r["layer_ms"] for r in plain.values()} == {1.0}
     assert own["route"]["layer_ms"] == 15.0 and own["route"]["tok_s"] < plain["route"]["tok_s"]
     assert own["route, keep lru"]["layer_ms"] == own["route, wait 1"]["layer_ms"] == 1.0
+    rc, _, err = run_cli(
+        capsys,
+        tiny,
+        *args,
+        "--bandwidth",
+        "4096000",
+        "--memory-limit",
+        "64KiB",
+        "--process-bytes",
+        "0",
+        "--compute-from-rows",
+    )
+    assert rc == EXIT_USAGE and "--compute-from-rows plays a report's rows at their own compute: give --measured" in err

@@ -167,7 +167,7 @@ def run(args: argparse.Namespace, trace: Trace, routing: Routing) -> int:
     if args.model is not None:
         require_trace_model(args.model, trace.header.n_expert, routing.layers)
     got = check_pages(options(args), trace, routing, measured, probe=device_read_ahead_kb)
-    if args.compute_from_rows and measured is not None:
+    if args.compute_from_rows:
         logger.info("each row with a decode split plays at its own compute (json: layer_ms), the others at --layer-ms")
     if got.unplayed:
         logger.info("not simulated (not a configuration of this trace): %s", ", ".join(got.unplayed))

@@ -343,6 +343,8 @@ def resolve(
 
     ``probe``: the read_ahead_kb of the device holding a file on this machine (None: not probed)."""
     h = trace.header
+    if opts.compute_from_rows and measured is None:
+        raise PageUsageError("--compute-from-rows plays a report's rows at their own compute: give --measured")
     cold = opts.cold or (measured is not None and measured.kind == "cold")
     if cold and (opts.memory_limit or (measured is not None and measured.kind == "memory")):
         raise PageUsageError(
