@@ -140,12 +140,16 @@ class TorchQwen3Moe:
         comp: Sequence[tuple[Any, Any]] | None = None,
         routers: list[Any] | None = None,
         experts: Sequence[tuple[Any, Any]] | None = None,
+        router_fix: Sequence[Any] | None = None,
+        inputs: list[Any] | None = None,
     ) -> Any:
         """Logits (B, T, n_vocab) of token windows (B, T), every window from position 0; ``comp``:
         per layer (down (r, n_embd), up (n_embd, r)), the correction ``y + up (down y)``; ``routers``,
         if given, gets each layer's router log-softmax (B T, n_expert) appended; ``experts``: per layer
         (down (n_expert, r, n_embd), up (n_expert, n_embd, r)), each routed expert's own output
-        ``q_e`` corrected to ``q_e + up_e (down_e q_e)`` before its gate weighs it (per_expert.py's form)."""
+        ``q_e`` corrected to ``q_e + up_e (down_e q_e)`` before its gate weighs it (per_expert.py's form);
+        ``router_fix``: per layer (n_expert, n_embd), added to the router's weight (scores ``(W + R) x``);
+        ``inputs``, if given, gets each layer's MoE input x (B T, n_embd) appended (the routers' input)."""
         torch, hp, w = self.torch, self.hp, self.w
         b, t = tokens.shape
         pos = torch.arange(t)
@@ -166,18 +170,29 @@ class TorchQwen3Moe:
             o = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, hp.n_head * hp.head_dim)
             h = h + o @ w[p + "attn_output.weight"].T
             x = self._norm(h, w[p + "ffn_norm.weight"])
-            y = self._moe(li, x, routers, None if experts is None else experts[li])
+            if inputs is not None:
+                inputs.append(x.reshape(-1, hp.n_embd))
+            fix = None if experts is None else experts[li]
+            y = self._moe(li, x, routers, fix, None if router_fix is None else router_fix[li])
             if comp is not None:
                 down, up = comp[li]
                 y = y + (y @ down.T) @ up.T
             h = h + y
         return self._norm(h, w["output_norm.weight"]) @ w["output.weight"].T
 
-    def _moe(self, li: int, x: Any, routers: list[Any] | None = None, fix: tuple[Any, Any] | None = None) -> Any:
+    def _moe(
+        self,
+        li: int,
+        x: Any,
+        routers: list[Any] | None = None,
+        fix: tuple[Any, Any] | None = None,
+        router_fix: Any = None,
+    ) -> Any:
         torch, hp, w = self.torch, self.hp, self.w
         p = f"blk.{li}."
         flat = x.reshape(-1, hp.n_embd)
-        scores = flat @ w[p + "ffn_gate_inp.weight"].T
+        gate_inp = w[p + "ffn_gate_inp.weight"]
+        scores = flat @ (gate_inp if router_fix is None else gate_inp + router_fix).T
         if routers is not None:
             routers.append(scores.log_softmax(-1))
         probs = scores.softmax(-1)
