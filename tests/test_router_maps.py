@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tools.router_maps import fit_router_map
+from tools.router_maps import fit_router_map, main
 
 H256 = Path(__file__).resolve().parent.parent / "models" / "qwen3moe-h256.gguf"
 
@@ -68,3 +68,9 @@ def test_the_forward_pass_takes_router_maps_and_hands_out_router_inputs() -> Non
     w0 = model.w["blk.0.ffn_gate_inp.weight"]
     torch.testing.assert_close(plain[0], (inputs[0] @ w0.T).log_softmax(-1))
     torch.testing.assert_close(flipped[0], (-(inputs[0] @ w0.T)).log_softmax(-1))  # same input, scores negated
+
+
+def test_a_model_that_is_not_there_is_an_input_error(tmp_path, capsys) -> None:
+    missing = str(tmp_path / "none.gguf")
+    assert main(["--model", missing, "--quantized", missing, "--compensator", missing]) == 2
+    assert "none.gguf" in capsys.readouterr().err

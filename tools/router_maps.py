@@ -37,8 +37,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from onebit_predict.atomic import atomic_write_text  # noqa: E402
+from onebit_predict.commands.common import arg_type, nonneg_float, positive_int  # noqa: E402
 from onebit_predict.int2.capture import corpus_streams, windows  # noqa: E402
-from onebit_predict.int2.compensator import read_compensator  # noqa: E402
+from onebit_predict.int2.compensator import CompensatorError, read_compensator  # noqa: E402
+from onebit_predict.int2.kl_fit import KlFitError  # noqa: E402
 
 BATCH = 8  # windows per forward pass
 
@@ -100,18 +102,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", type=Path, required=True, help="the F16 model")
     p.add_argument("--quantized", type=Path, required=True, help="its 2-bit experts variant")
     p.add_argument("--compensator", type=Path, required=True, help="the variant's sidecar (output source)")
-    p.add_argument("--train-windows", type=int, default=128)
-    p.add_argument("--heldout-windows", type=int, default=64)
-    p.add_argument("--ridge", type=float, default=0.0)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--train-windows", type=arg_type(positive_int), default=128, help="of 256 tokens")
+    p.add_argument("--heldout-windows", type=arg_type(positive_int), default=64, help="of the validation split")
+    p.add_argument("--ridge", type=arg_type(nonneg_float), default=0.0, help="times the Gram's mean diagonal")
+    p.add_argument("--threads", type=arg_type(positive_int), default=2)
     p.add_argument("--json", type=Path, help="write every figure here")
     a = p.parse_args(argv)
+    try:
+        return _run(a)
+    except (KlFitError, CompensatorError, OSError) as e:  # a missing torch, a bad model or sidecar: why, exit 2
+        print(f"router_maps: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(a: argparse.Namespace) -> int:
     from onebit_predict.int2.kl_fit import TorchQwen3Moe, require_torch
 
+    sidecar = read_compensator(a.compensator)  # before torch: a bad sidecar says so with or without the extra
     torch = require_torch()
     torch.set_num_threads(a.threads)
     full, q = TorchQwen3Moe(a.model), TorchQwen3Moe(a.quantized)
-    sidecar = read_compensator(a.compensator)
     comp = [(torch.tensor(sidecar.layers[li].down), torch.tensor(sidecar.layers[li].up)) for li in range(q.hp.n_layer)]
     train, val = corpus_streams()
     x_train = torch.from_numpy(np.stack(windows(train, a.train_windows)).astype(np.int64))
