@@ -78,23 +78,24 @@ def _router_inputs(model: Any, tokens: Any, comp: Any, rfix: Any) -> list[np.nda
     return [np.concatenate(p) for p in per]
 
 
-def _score(full: Any, q: Any, tokens: Any, comp: Any, rfix: Any) -> tuple[float, list[float]]:
-    """The mean logits' KL against F16 and each layer's % of tokens routed to F16's expert set."""
+def _score(full: Any, q: Any, tokens: Any, variants: list[tuple[Any, Any]]) -> list[tuple[float, list[float]]]:
+    """Per variant (compensator, router maps) of the 2-bit model: the mean logits' KL against F16 and each
+    layer's % of tokens routed to F16's expert set (F16's pass once a batch, for all of them)."""
     torch, k = q.torch, q.hp.n_expert_used
-    kl, agree, n = 0.0, np.zeros(q.hp.n_layer), 0
+    kl, agree, n = np.zeros(len(variants)), np.zeros((len(variants), q.hp.n_layer)), 0
     with torch.no_grad():
         for i in range(0, len(tokens), BATCH):
             rf: list[Any] = []
-            rq: list[Any] = []
             lf = full.logits(tokens[i : i + BATCH], None, rf).log_softmax(-1)
-            lq = q.logits(tokens[i : i + BATCH], comp, rq, None, rfix).log_softmax(-1)
-            kl += float((lf.exp() * (lf - lq)).sum(-1).sum())
-            for li in range(q.hp.n_layer):
-                a = rf[li].topk(k, -1).indices.sort(-1).values
-                b = rq[li].topk(k, -1).indices.sort(-1).values
-                agree[li] += int((a == b).all(-1).sum())
+            want = [r.topk(k, -1).indices.sort(-1).values for r in rf]
+            for v, (comp, rfix) in enumerate(variants):
+                rq: list[Any] = []
+                lq = q.logits(tokens[i : i + BATCH], comp, rq, None, rfix).log_softmax(-1)
+                kl[v] += float((lf.exp() * (lf - lq)).sum(-1).sum())
+                for li, r in enumerate(rq):
+                    agree[v, li] += int((want[li] == r.topk(k, -1).indices.sort(-1).values).all(-1).sum())
             n += rf[0].shape[0]
-    return kl / n, [round(100.0 * a / n, 2) for a in agree]
+    return [(kl[v] / n, [round(100.0 * a / n, 2) for a in agree[v]]) for v in range(len(variants))]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,9 +136,8 @@ def _run(a: argparse.Namespace) -> int:
         r, before, after = fit_router_map(xq, xf[li], w, a.ridge)
         rfix[li] = torch.from_numpy(r.astype(np.float32))
         energy.append((before, after))
-    kl_plain, _ = _score(full, q, x_held, None, None)
-    kl_without, agree_without = _score(full, q, x_held, comp, None)
-    kl_with, agree_with = _score(full, q, x_held, comp, rfix)
+    scored = _score(full, q, x_held, [(None, None), (comp, None), (comp, rfix)])
+    (kl_plain, _), (kl_without, agree_without), (kl_with, agree_with) = scored
     rows = [LayerRow(li, *energy[li], agree_without[li], agree_with[li]) for li in range(q.hp.n_layer)]
     print("| layer | error energy | left by the map | agreement, compensator % | with the maps % |")
     print("|---:|---:|---:|---:|---:|")

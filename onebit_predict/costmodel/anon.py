@@ -62,12 +62,11 @@ class AnonLRU(ExpertLRU):
     def route(self, layer: int, experts: Iterable[int]) -> list[int]:
         now = list(dict.fromkeys(e for e in experts if e >= 0))
         fresh = [e for e in now if e not in self.held.get(layer, ()) and e not in self.guessed.get(layer, ())]
-        self.share = self.share_of(layer)
         out = super().route(layer, now)
-        lru = self.held[layer]
+        lru, share = self.held[layer], self.share_of(layer)
         self.unkept = []
         for e in reversed(fresh):
-            if len(lru) <= self.share:
+            if len(lru) <= share:
                 break
             del lru[e]
             self.unkept.append(e)

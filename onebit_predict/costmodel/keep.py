@@ -44,6 +44,10 @@ class ExpertLRU:
         self.guessed: dict[int, set[int]] = {}  # per layer, the guessed experts holding a place
         self.spec_skipped = self.spec_unused = 0
 
+    def share_of(self, layer: int) -> int:
+        """The experts ``layer`` holds at most: the capacity over the MoE layers, at least n_expert_used."""
+        return self.share
+
     def spec_room(self, layer: int, e: int) -> bool:
         """A guess at ``layer``'s expert ``e`` may be read: the LRU holds it (nothing to read), it holds a
         place already, or a place is free (it takes it); else counted as skipped."""
@@ -70,8 +74,9 @@ class ExpertLRU:
             lru[e] = None
             lru.move_to_end(e)
         out = []
+        share = self.share_of(layer)
         for e in list(lru):
-            if len(lru) <= self.share:
+            if len(lru) <= share:
                 break
             if e not in routed:
                 del lru[e]

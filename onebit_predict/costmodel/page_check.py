@@ -257,7 +257,7 @@ def _rows_at(
             config, source = played(m.config, measured.knobs_recorded, opts.prefetch_room, where)
             todo.append((config, m.name, m, source))
     # one simulation per configuration (predictor, call, route, keep, wait, order) and model
-    runs: dict[tuple[str | None, str, bool, bool | str | None, bool, bool, PageModel], PageRun] = {}
+    runs: dict[tuple[str | None, str, bool, bool | str, bool, bool, PageModel], PageRun] = {}
     rows = []
     default_workers = s.prefetch_threads.value or (measured.workers_default if measured else PREFETCH_THREADS_DEFAULT)
     for config, name, m, source in todo:
@@ -269,22 +269,23 @@ def _rows_at(
         keep, wait, order = config.keep == "lru", bool(config.wait), config.order == "hits"
         held = "anon" if config.keep == "anon" else keep  # keep anon: its own model (costmodel/anon.py)
         key = (predictor, config.consumer, config.route, held, wait, order, played_model)
-        if key not in runs and config.keep == "anon":
-            runs[key] = run_anon(routing, setup.layout, played_model, predictor, name, trace, order)
-        elif key not in runs:
-            runs[key] = run_config(
-                routing,
-                setup.layout,
-                played_model,
-                predictor,
-                config.consumer,
-                name,
-                trace,
-                config.route,
-                keep,
-                wait,
-                order,
-            )
+        if key not in runs:
+            if config.keep == "anon":
+                runs[key] = run_anon(routing, setup.layout, played_model, predictor, name, trace, order)
+            else:
+                runs[key] = run_config(
+                    routing,
+                    setup.layout,
+                    played_model,
+                    predictor,
+                    config.consumer,
+                    name,
+                    trace,
+                    config.route,
+                    keep,
+                    wait,
+                    order,
+                )
         # the model has no guard: a row of a report recording its knobs that ran with one is shown,
         # not checked (reports before them: the guarded rows are checked, "no guard" beside them)
         guarded = measured is not None and measured.knobs_recorded and (config.guard or 0) > 0
