@@ -13,7 +13,7 @@ import pytest
 
 from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, HOLD_CHUNK_BYTES, MODE_ROUTER
 from onebit_predict.costmodel.anon import AnonLRU, chunks, run_anon
-from onebit_predict.costmodel.layout import synthetic_layout
+from onebit_predict.costmodel.layout import ExpertLayout, synthetic_layout
 from onebit_predict.costmodel.page_check import playable
 from onebit_predict.costmodel.pages import run_config
 from onebit_predict.costmodel.routing import load_routing
@@ -90,6 +90,22 @@ def test_hits_first_computes_the_held_expert_while_the_missing_one_is_read(tmp_p
     assert (plain.order, plain.wait, hits.order, hits.wait) == (False, True, True, False)
     assert hits.route_wait_ms < plain.route_wait_ms and hits.total_ms < plain.total_ms
     assert hits.counts.pages_read == plain.counts.pages_read == hits.route_missing_pages == 3
+
+
+def test_the_dense_pages_faults_count_in_the_stall(tmp_path):
+    """Each layer reads one dense page of its own before its router. Without the prefill's replay the first
+    decoded token faults both in (1 ms of latency and 1 ms of transfer each, the drive idle then), and the
+    compute thread's wait for them is the stall's beyond the slices' wait (before, the stall was the
+    slices' wait alone)."""
+    lay = layout_3_pages()
+    dense = ExpertLayout(lay.file_bytes + 2 * P, lay.layers, 4, "test", dense={0: ((lay.file_bytes, P),),
+                         1: ((lay.file_bytes + P, P),)})  # fmt: skip
+    path = lru_trace(tmp_path / "lru.bin")
+    run = anon(path, tiny_model(capacity_pages=13, prefill=False), layout=dense)
+    assert run.counts.major_faults == 2 and run.route_wait_ms > 0
+    assert run.stall_ms - run.route_wait_ms == 2 * 2.0
+    plain = anon(path, tiny_model(capacity_pages=13, prefill=False))
+    assert plain.counts.major_faults == 0 and plain.stall_ms == plain.route_wait_ms  # no dense pages
 
 
 def guess_trace(path, pred):

@@ -193,7 +193,8 @@ class _Compute:
         self.tokens, self.prefill = tokens, prefill
         self.t = 0.0
         self.token_ms: list[float] = []
-        self.wait_ms = 0.0
+        self.wait_ms = 0.0  # waiting for the workers' slices
+        self.fault_wait_ms = 0.0  # waiting for the dense pages' faults
         self.prefill_counts = KernelCounts()
         self.prefill_lru = (0, 0, 0)  # the LRU's evicted, skipped and unused guesses at the decode's start
         self.gen = self._body()
@@ -206,8 +207,9 @@ class _Compute:
         yield None
         self.wait_ms += self.t - since if timed else 0.0
 
-    def _dense(self, layer: int | None, ms: float) -> Generator[float | None, None, None]:
-        """The layer's dense pages (None: the output head's) through the page cache, ``ms`` spread over them."""
+    def _dense(self, layer: int | None, ms: float, timed: bool) -> Generator[float | None, None, None]:
+        """The layer's dense pages (None: the output head's) through the page cache, ``ms`` spread over them;
+        a fault's wait counts as the stall's, as pages.py's compute thread counts it."""
         kernel, engine = self.sim.kernel, self.sim.engine
         pages = self.sim.layout.dense_pages(layer)
         per_page = ms / len(pages) if pages else 0.0
@@ -215,7 +217,9 @@ class _Compute:
         for p in pages:
             if self.t > engine.next_time():
                 yield self.t
-            self.t = kernel.access(p, self.t) + per_page
+            ready = kernel.access(p, self.t)
+            self.fault_wait_ms += ready - self.t if timed else 0.0
+            self.t = ready + per_page
 
     def _route(self, step: _Step) -> list[_Slice]:
         """The route-time op: stale guesses dropped, the LRU told, the routed slices neither held nor on
@@ -287,7 +291,7 @@ class _Compute:
         before = model.route_at * model.layer_ms
         cost = cost_per_layer_ms(steps, model.predictor_cost_ms) if self.costs else 0.0
         for step in steps:
-            yield from self._dense(step.layer, before)
+            yield from self._dense(step.layer, before, timed)
             yield from sim.engine.op(self, model.op_ms)
             mine = self._route(step)
             if not sim.order:  # the layer's matmuls start once its slices are in
@@ -301,7 +305,7 @@ class _Compute:
                 yield from self._matmuls(step.layer, mine, model.layer_ms - before, timed)
             else:
                 self.t += model.layer_ms - before
-        yield from self._dense(None, 0.0)
+        yield from self._dense(None, 0.0, timed)
 
     def _body(self) -> Generator[float | None, None, None]:
         sim, kernel = self.sim, self.sim.kernel
@@ -335,8 +339,8 @@ def run_anon(
     """``pread + route, keep anon`` (with ``order``: hits first) under ``model``'s limit: the predictor
     (the trace's, ``"oracle"``, or None/False: off) reads its guesses into the LRU's room for them;
     ``prefill``: the trace (its prefill rows replayed first, untimed) or those steps. The row's reads
-    are the workers' preads (``counts``); ``stall_ms`` and ``route_wait_ms``: the compute thread's time
-    waiting for slices."""
+    are the workers' preads (``counts``); ``route_wait_ms``: the compute thread's time waiting for slices,
+    ``stall_ms``: that and its waits on the dense pages' faults."""
     if model.cold:
         raise ValueError("keep anon is played under a memory limit, not with --cold")
     room = model.room_bytes()
@@ -376,7 +380,7 @@ def run_anon(
         sum(compute.token_ms),
         kernel.counts,
         tuple(compute.token_ms),
-        compute.wait_ms,
+        compute.wait_ms + compute.fault_wait_ms,
         sim.evicted_pages,
         sim.guess_ranges,
         compute.prefill_counts,
