@@ -138,8 +138,8 @@ def test_two_list_keeps_used_pages_activates_and_refaults():
 
 def test_drive_pages_complete_as_their_bytes_flow():
     d = PageDrive(4096e3, 1.0, 1)  # a page a ms, 1 ms latency, one request in service
-    assert d.request(0.0, 3) == 1.0  # pages done at 2, 3, 4
-    assert d.request(0.0, 1) == 5.0  # waits for the first request, then its own latency
+    assert d.request(0.0, 3) == (1.0, 1.0)  # pages done at 2, 3, 4
+    assert d.request(0.0, 1) == (5.0, 1.0)  # waits for the first request, then its own latency
     assert (d.requests, d.pages, d.idle_at) == (2, 4, 6.0)
 
 

@@ -161,6 +161,10 @@ def run(args: argparse.Namespace) -> int:
         if not routing.layers:
             raise UsageError(f"{trace.path}: no decode rows to simulate")
         return simulate_pages.run(args, trace, routing)
+    if args.drive_rates is not None:
+        raise UsageError(
+            "--drive-rates times the page model's drive: give --granularity page, --memory-limit or --measured"
+        )
     if args.model is None and args.expert_bytes is None:
         raise UsageError("one of the arguments --model --expert-bytes is required")
     if args.bandwidth is None:

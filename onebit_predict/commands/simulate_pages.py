@@ -75,6 +75,15 @@ def configure(p: argparse.ArgumentParser) -> None:
         "compute buffers); needed with a memory limit unless the measured report has it",
     )
     g.add_argument(
+        "--drive-rates",
+        type=arg_type(comma_list(Path)),
+        metavar="FIO.json[,FIO.json...]",
+        help="the native drive as fio times it: fio's --output-format=json of random reads, one job per "
+        "request size (bs) and depth (iodepth), a full grid (a cell timed in several files: their mean); "
+        "a request is served at the rate of its size and of the requests in flight (instead of "
+        "--bandwidth and --latency-us)",
+    )
+    g.add_argument(
         "--page-cache",
         choices=tuple(PAGE_CACHES),
         help=f"lru: one LRU list; two-list: the kernel's inactive and active lists (default {PAGE_CACHE_DEFAULT})",
@@ -255,6 +264,8 @@ def _render(trace: Trace, routing: Routing, got: PageCheck) -> str:
     procs = [f"{_limit_text(limit)}: {v.value / MIB:.1f} MiB ({v.source})" for limit, v in s.process_bytes.items()]
     out += ["process bytes " + "; ".join(procs)] if procs else []
     out += [f"drive {name}: {d.value.text(fmt_bandwidth)} ({d.source})" for name, d in s.drives.items()]
+    rates = s.drive_rates.value
+    out += [f"drive rates {rates.text(fmt_bandwidth)} ({s.drive_rates.source})"] if rates is not None else []
     if measured is None:
         titles = ["limit", "configuration", "tok/s", "MiB read/tok", "faults/tok", "waits/tok", "stall ms/tok", "room"]
         cols = ["tok_s", "read_mib_per_token", "major_faults_per_token", "waits_per_token", "stall_ms_per_token"]

@@ -176,7 +176,8 @@ class _Worker:
             done, p = self.t, c.first
             while p < c.end:  # O_DIRECT: the drive splits the read at its largest request
                 n = c.end - p if drive.max_pages is None else min(c.end - p, drive.max_pages)
-                done = max(done, drive.request(self.t, n) + n * drive.page_ms)
+                flow, page_ms = drive.request(self.t, n)
+                done = max(done, flow + n * page_ms)
                 counts.requests += 1
                 counts.pages_read += n
                 p += n

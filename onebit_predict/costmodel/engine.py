@@ -15,6 +15,7 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import replace
 from typing import Protocol
 
+from .drive_rates import DriveRates
 from .kernel import PageDrive
 from .layout import ExpertLayout
 from .routing import Routing
@@ -41,6 +42,7 @@ class DriveSpec(Protocol):
     queue_depth: int
     page_size: int
     max_request_bytes: int | None
+    drive_rates: DriveRates | None
 
 
 class Engine:
@@ -95,6 +97,8 @@ def fitted_layout(routing: Routing, layout: ExpertLayout, page_size: int) -> Exp
 
 
 def page_drive(model: DriveSpec) -> PageDrive:
-    """The model's drive: its bandwidth, latency and depth, requests up to its largest."""
+    """The model's drive: its bandwidth, latency and depth (or its rates), requests up to its largest."""
     max_pages = None if model.max_request_bytes is None else model.max_request_bytes // model.page_size
-    return PageDrive(model.bandwidth, model.latency_ms, model.queue_depth, model.page_size, max_pages)
+    return PageDrive(
+        model.bandwidth, model.latency_ms, model.queue_depth, model.page_size, max_pages, model.drive_rates
+    )

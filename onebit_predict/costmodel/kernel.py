@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .drive_rates import DriveRates
 from .layout import PAGE_SIZE
 
 # llama.cpp opens the GGUF with posix_fadvise(POSIX_FADV_SEQUENTIAL), which doubles the
@@ -185,7 +186,9 @@ class PageDrive:
 
     Request i (issued at a_i) enters service at s_i = max(a_i, c_{i-Q}), its data flows from
     x_i = max(s_i + latency, c_{i-1}), its k-th page (from 0) is complete at
-    x_i + (k + 1) * page / bandwidth, the request at c_i = x_i + n * page / bandwidth.
+    x_i + (k + 1) * page / bandwidth, the request at c_i = x_i + n * page / bandwidth. With ``rates``
+    (the drive as fio times it: drive_rates.py) a request's bandwidth is the rate at its size and at
+    the requests in flight when it enters (itself included), and the latency is in that rate.
     """
 
     def __init__(
@@ -195,6 +198,7 @@ class PageDrive:
         queue_depth: int,
         page_size: int = PAGE_SIZE,
         max_pages: int | None = None,
+        rates: DriveRates | None = None,
     ) -> None:
         if not bandwidth > 0:
             raise ValueError(f"bandwidth must be positive, not {bandwidth}")
@@ -206,23 +210,30 @@ class PageDrive:
             raise ValueError(f"a request's largest size must be at least one page, not {max_pages}")
         self.max_pages = max_pages  # the largest request (None: a run of any length is one request)
         self.page_ms = page_size / (bandwidth / 1000.0)
-        self.latency_ms = latency_ms
+        self.latency_ms = 0.0 if rates is not None else latency_ms
+        self.page_size = page_size
+        self.rates = rates
         self._completions: deque[float] = deque(maxlen=queue_depth)
         self._last = 0.0
         self.requests = 0
         self.pages = 0
 
-    def request(self, issue_ms: float, n_pages: int) -> float:
-        """Issue a request of n_pages; the time its data starts to flow (page k done at + (k+1) * page_ms)."""
+    def request(self, issue_ms: float, n_pages: int) -> tuple[float, float]:
+        """Issue a request of n_pages: the time its data starts to flow and a page's time in it (page k
+        done at flow + (k+1) * page_ms)."""
         q = self._completions
         enter = max(issue_ms, q[0]) if len(q) == q.maxlen else issue_ms
+        page_ms = self.page_ms
+        if self.rates is not None:
+            in_flight = 1 + sum(1 for c in q if c > enter)
+            page_ms = self.page_size / (self.rates.rate(n_pages * self.page_size, in_flight) / 1000.0)
         flow = max(enter + self.latency_ms, self._last)
-        done = flow + n_pages * self.page_ms
+        done = flow + n_pages * page_ms
         q.append(done)
         self._last = done
         self.requests += 1
         self.pages += n_pages
-        return flow
+        return flow, page_ms
 
     @property
     def idle_at(self) -> float:
@@ -290,7 +301,7 @@ class Kernel:
         each request's pages are ready when all of it is (a pread's bio), not as its bytes flow. The
         time the last page read is ready (t: none read)."""
         end = min(first + n, self.n_pages)
-        cache, page_ms = self.cache, self.drive.page_ms
+        cache = self.cache
         p = max(first, 0)
         last = t
         while p < end:
@@ -301,7 +312,7 @@ class Kernel:
             cap = end if self.drive.max_pages is None else min(end, p + self.drive.max_pages)
             while run_end < cap and run_end not in cache:
                 run_end += 1
-            flow = self.drive.request(t, run_end - p)
+            flow, page_ms = self.drive.request(t, run_end - p)
             self.counts.requests += 1
             self.counts.pages_read += run_end - p
             n_run = run_end - p

@@ -33,6 +33,7 @@ from ..constants import (
     SIM_ROUTE_AT_DEFAULT,
 )
 from ..trace import Trace
+from .drive_rates import DriveRates, load_fio
 from .kernel import LLAMA_FADV_SEQUENTIAL_FACTOR
 from .layout import PAGE_SIZE, ExpertLayout, layout_from_gguf, synthetic_layout
 from .measured import Measured, MeasuredRow, from_bench
@@ -49,6 +50,8 @@ CHECK_KINDS = ("off", "predictor", "advise", "read", "populate", "route", "oracl
 CHECK_DEFAULT = ("off", "advise", "route")
 TOLERANCE_PCT = 25.0
 
+RATES_SUMMARY_BYTES = 1 << 20  # with --drive-rates, the one bandwidth reported (and the limits') is the rate here
+
 T = TypeVar("T")
 
 
@@ -62,6 +65,9 @@ class Setting(Generic[T]):
 
     value: T
     source: str
+
+
+NO_RATES: Setting[DriveRates | None] = Setting(None, "none: one bandwidth and one latency")
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,7 @@ class PageOptions:
     check: tuple[str, ...] = CHECK_DEFAULT
     tolerance: float = TOLERANCE_PCT
     compute_from_rows: bool = False  # each measured row at its own compute (its decode split), not layer_ms
+    drive_rates: tuple[Path, ...] | None = None  # fio's JSON outputs: the drive's rate by request size and depth
 
 
 @dataclass(frozen=True)
@@ -139,6 +146,7 @@ class PageSettings:
     process_bytes: dict[int, Setting[int]] = field(default_factory=dict)  # per memory limit
     drives: dict[str, Setting[DriveModel]] = field(default_factory=dict)  # the report's emulated drives
     rows_read_ahead: bool = False  # each row's read_ahead_kb, where known, sets its window
+    drive_rates: Setting[DriveRates | None] = NO_RATES  # the native drive's rates (None: one bandwidth, one latency)
 
     def as_json(self) -> dict[str, Any]:
         """``{name: {"value", "source"}}``; the process bytes as ``process_bytes@LIMIT``, the emulated
@@ -146,8 +154,10 @@ class PageSettings:
         out: dict[str, Any] = {
             f.name: {"value": getattr(self, f.name).value, "source": getattr(self, f.name).source}
             for f in dataclasses.fields(self)
-            if f.name not in ("process_bytes", "drives", "rows_read_ahead")
+            if f.name not in ("process_bytes", "drives", "rows_read_ahead", "drive_rates")
         }
+        rates = self.drive_rates.value
+        out["drive_rates"] = {"value": None if rates is None else rates.as_json(), "source": self.drive_rates.source}
         for limit, s in self.process_bytes.items():
             out[f"process_bytes@{limit}"] = {"value": s.value, "source": s.source}
         for name, d in self.drives.items():
@@ -163,6 +173,7 @@ class PageSettings:
             d = drive.value
             kw |= {"bandwidth": d.bandwidth, "latency_ms": d.latency_us / 1000.0, "queue_depth": d.queue_depth}
             kw["max_request_bytes"] = d.request_bytes
+            kw["drive_rates"] = None  # the profile's, not the native drive's
         if self.rows_read_ahead and row is not None and row.read_ahead_kb is not None and not base.cold:
             kw["window_pages"] = window_pages(row.read_ahead_kb, self.page_bytes.value)
         return replace(base, **kw)
@@ -185,6 +196,7 @@ class PageSettings:
             fault_ms=self.fault_us.value / 1000.0,
             workers=self.prefetch_threads.value or PREFETCH_THREADS_DEFAULT,
             page_size=self.page_bytes.value,
+            drive_rates=self.drive_rates.value,
         )
 
 
@@ -272,7 +284,25 @@ def _cost_pct(opts: PageOptions, mode: str, n_layer: int) -> Setting[float]:
     return Setting(0.0, "assumed 0")
 
 
-def _drive(opts: PageOptions, measured: Measured | None) -> tuple[Setting[float], Setting[float]]:
+def _rates(opts: PageOptions) -> Setting[DriveRates | None]:
+    if opts.drive_rates is None:
+        return NO_RATES
+    if opts.bandwidth is not None or opts.latency_us is not None:
+        raise PageUsageError("--drive-rates times the drive: leave out --bandwidth and --latency-us")
+    try:
+        rates = load_fio(opts.drive_rates)
+    except ValueError as e:
+        raise PageUsageError(f"--drive-rates: {e}") from None
+    return Setting(rates, "given (fio's JSON output)")
+
+
+def _drive(
+    opts: PageOptions, measured: Measured | None, rates: DriveRates | None
+) -> tuple[Setting[float], Setting[float]]:
+    if rates is not None:
+        depth = opts.queue_depth or SIM_QUEUE_DEPTH_DEFAULT
+        bandwidth = Setting(rates.rate(RATES_SUMMARY_BYTES, depth), f"the drive's rates at 1 MiB and depth {depth}")
+        return bandwidth, Setting(0.0, "in the drive's rates")
     if opts.bandwidth is not None and len(opts.bandwidth) > 1:
         raise PageUsageError("the page model takes one --bandwidth")
     if opts.bandwidth is not None:
@@ -351,7 +381,8 @@ def resolve(
             "--cold (or a --cold report) and a memory limit (or a --memory-limit report) are two settings"
         )
     layout, layout_src = _layout(opts, routing, measured)
-    bandwidth, latency = _drive(opts, measured)
+    rates = _rates(opts)
+    bandwidth, latency = _drive(opts, measured, rates.value)
     layer_ms = _layer_ms(opts, measured, h.n_layer)
     ra = _readahead(opts, measured, cold, probe)
     rows_ra = measured is not None and opts.readahead_kb is None and not cold
@@ -383,5 +414,6 @@ def resolve(
         process_bytes={limit: _process_bytes(opts, measured, limit) for limit in limits if limit is not None},
         drives=_drives(measured, unit.value),
         rows_read_ahead=rows_ra,
+        drive_rates=rates,
     )
     return PageSetup(layout, settings, limits, cold)

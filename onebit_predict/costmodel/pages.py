@@ -42,6 +42,7 @@ import numpy as np
 
 from ..constants import PREFETCH_THREADS_DEFAULT, TRACE_FLAG_DECODE, TRACE_FLAG_PREDICTED
 from ..trace import Trace
+from .drive_rates import DriveRates
 from .engine import Engine, fitted_layout, page_drive
 from .keep import ExpertLRU, keep_capacity
 from .kernel import PAGE_CACHES, Kernel, KernelCounts
@@ -81,6 +82,7 @@ class PageModel:
     # process can have (here capacity_pages; unbounded: never) is below R x the mapped bytes one token
     # reads (ExpertLayout.token_need_bytes); 0: no rule (the model's default: the runs measured before it)
     prefetch_room: float = 0.0
+    drive_rates: DriveRates | None = None  # the drive as fio times it (its rate by request size and depth)
 
     def __post_init__(self) -> None:
         if not self.layer_ms >= 0:
