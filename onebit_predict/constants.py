@@ -220,6 +220,7 @@ READ_AHEAD_KB_MAX = 1 << 20
 COMPUTE_THREAD = "thread"  # --threads 1: the decoding thread's own CPU time (the split compute / waiting is exact)
 COMPUTE_PROCESS = "process"  # more threads: the process's CPU over the decode, every thread's (no wait is separable)
 PROC_DISKSTATS = "/proc/diskstats"
+PROC_SCHEDSTAT = "/proc/thread-self/schedstat"  # the calling thread's CPU, run-queue wait (ns), slices
 # a confined run's trace: in memory, where its dirty pages cannot stall the cgroup's reclaim (bench_memory.py)
 TRACE_RAM_DIR = "/dev/shm"
 DISKSTATS_SECTOR = 512  # /proc/diskstats counts 512-byte sectors, whatever the device's logical block size

@@ -240,11 +240,11 @@ def test_the_worker_processes_the_prompt_in_ubatches(tmp_path):
     assert toks == list(b"abcabcabca")
     opts = worker.WorkerOptions(tmp_path / "m.gguf", {}, threads=1, pristine=True, prefill=10, ubatch=4)
     ctx = _Ctx()
-    elapsed, cpu, basis, counted = worker.timed_prefill(ctx, opts, toks)
+    elapsed, clocks, counted = worker.timed_prefill(ctx, opts, toks)
     assert [c[1] for c in ctx.calls] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert [c[0] for c in ctx.calls] == [toks[:4], toks[4:8], toks[8:]]
     assert [c[3] for c in ctx.calls] == [[False, False, False, True], [False, False, False, True], [False, True]]
-    assert elapsed >= 0 and cpu >= 0 and basis == "thread"
+    assert elapsed >= 0 and clocks.cpu >= 0 and clocks.basis == "thread"
     assert counted["read_bytes"] >= 0 and counted["route_missing_bytes"] is None
     assert len(worker.run_tokens(None, 7, 100)) == 7
 

@@ -164,6 +164,8 @@ def _sample(tok_s: float, cpu_s: float | None = 0.4, route: bool = True, **extra
     fields = dict(
         cpu_s=cpu_s,
         cpu_basis=COMPUTE_THREAD,
+        others_cpu_s=0.25,
+        run_delay_s=0.05,
         reads=reads,
         route_missing_bytes=MIB if route else None,
         route_resident_bytes=3 * MIB if route else None,
@@ -190,6 +192,8 @@ def test_one_run_per_token_and_the_medians_over_the_rounds():
         expert_hit=0.75,
         room_mib=64.0,
         room_need_mib=None,  # the rule's -1: unknown
+        others_cpu_ms=pytest.approx(25.0),
+        run_queue_ms=pytest.approx(5.0),
     )
     assert run_split(_sample(10.0, cpu_s=None), 10) is None  # a worker before the split
     assert run_split(_sample(10.0, route=False), 10).expert_hit is None  # no route time: no hit rate
@@ -234,12 +238,13 @@ def test_the_rows_carry_the_split_into_the_table_and_the_json(tmp_path, monkeypa
     assert route.decode.compute_ms == pytest.approx(40.0) and route.decode.wait_ms == pytest.approx(1e3 / 10 - 40)
     text = markdown_memory(rows, "header")
     head = [h.strip() for h in text.splitlines()[2].strip("|").split("|")]
-    assert head[-7:] == list(DECODE_COLUMNS) == [
-        "compute ms", "wait ms", "requests/token", "mean KiB", "in flight", "busy %", "expert hit %"
+    assert head[-9:] == list(DECODE_COLUMNS) == [
+        "compute ms", "wait ms", "run queue ms", "workers CPU ms", "requests/token", "mean KiB", "in flight",
+        "busy %", "expert hit %"
     ]  # fmt: skip
     assert len(text.splitlines()[3].strip("|").split("|")) == len(head)
     body = {r[1]: r for r in ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()[4:6])}
-    assert body["route"][-7:] == ["40.0", "60.0", "20.0", "1024", "1.00", "50.0%", "75.0%"]
+    assert body["route"][-9:] == ["40.0", "60.0", "5.0", "25.0", "20.0", "1024", "1.00", "50.0%", "75.0%"]
     assert body["patched off"][-1] == "-"
     assert "wait ms, the rest of its wall time, off CPU" in text
     # --json: each row's decode object, its fields by name; read back as they were written
@@ -248,7 +253,7 @@ def test_the_rows_carry_the_split_into_the_table_and_the_json(tmp_path, monkeypa
         "compute_ms", "wait_ms", "compute_basis", "requests_from", "requests", "request_kib_mean",
         "request_kib_largest", "request_kib_largest_is", "request_ms_mean", "in_flight", "busy", "expert_hit",
         "room_mib", "room_need_mib", "route_wait_ms", "keep_capacity", "keep_evicted", "guesses_skipped",
-        "guesses_unused", "layers_ops", "layers_mib", "layers_cut",
+        "guesses_unused", "layers_ops", "layers_mib", "layers_cut", "others_cpu_ms", "run_queue_ms",
     ]  # fmt: skip
     (tmp_path / "r.json").write_text(json.dumps(doc))
     back = load_measured(tmp_path / "r.json")
@@ -256,11 +261,13 @@ def test_the_rows_carry_the_split_into_the_table_and_the_json(tmp_path, monkeypa
 
 
 def test_several_threads_are_labelled_and_not_split(tmp_path, monkeypatch):
-    rows = _fake_measure(tmp_path, monkeypatch, cpu_basis=COMPUTE_PROCESS, cpu_s=1.5)
+    # the worker leaves out the others' CPU and the run queue with several threads (DecodeClocks.as_json)
+    one = dict(cpu_basis=COMPUTE_PROCESS, cpu_s=1.5, others_cpu_s=None, run_delay_s=None)
+    rows = _fake_measure(tmp_path, monkeypatch, **one)
     d = rows[1].decode
     assert d.compute_basis == COMPUTE_PROCESS and d.compute_ms == pytest.approx(150.0) and d.wait_ms is None
     line = next(x for x in markdown_memory(rows, "h").splitlines() if x.startswith("| 64 | route |"))
-    assert line.split("|")[-8:-6] == [" 150.0 (process) ", " - "]
+    assert line.split("|")[-10:-6] == [" 150.0 (process) ", " - ", " - ", " - "]
 
 
 def _bench_reports() -> list[str]:
@@ -340,4 +347,38 @@ def test_an_emulated_drive_counts_its_own_requests(tmp_path, monkeypatch):
     d = run_split(_sample(10.0, reads=reads), 10)
     assert (d.requests_from, d.requests, d.request_kib_mean, d.request_kib_largest) == ("emulated", 6.0, 128.0, 128.0)
     assert d.request_ms_mean == pytest.approx(5.0)
-    assert decode_cells(d)[2:6] == ["6.0", "128", "0.30", "25.0%"]
+    assert decode_cells(d)[4:8] == ["6.0", "128", "0.30", "25.0%"]
+
+
+def test_the_clocks_split_the_decoding_threads_cpu_from_the_workers(tmp_path):
+    """Around a call in which another thread of the process burns CPU while this one sleeps, that CPU is the
+    others' and not the compute's; the run queue's wait is read from schedstat, and a kernel without
+    schedstat gives None, not 0."""
+    import threading
+
+    def burn(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    clocks = worker.DecodeClocks(1)
+    clocks.start()
+    t = threading.Thread(target=burn, args=(0.2,))
+    t.start()
+    t.join()
+    clocks.stop()
+    assert clocks.others >= 0.19 and clocks.cpu < 0.05
+    got = clocks.as_json()
+    assert got["others_cpu_s"] == clocks.others and got["cpu_basis"] == COMPUTE_THREAD
+    if worker.run_delay_s() is not None:
+        assert got["run_delay_s"] is not None and got["run_delay_s"] >= 0
+    (tmp_path / "schedstat").write_text("1000 250000000 3\n")
+    assert worker.run_delay_s(tmp_path / "schedstat") == 0.25
+    absent = worker.DecodeClocks(1, tmp_path / "absent")
+    absent.start()
+    absent.stop()
+    assert absent.as_json()["run_delay_s"] is None and worker.run_delay_s(tmp_path / "absent") is None
+    several = worker.DecodeClocks(2)  # the process's CPU is the compute's: no others, no one thread's wait
+    several.start()
+    several.stop()
+    assert several.as_json()["others_cpu_s"] is None and several.as_json()["run_delay_s"] is None

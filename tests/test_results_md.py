@@ -112,6 +112,8 @@ COLUMNS: dict[str, tuple[Callable[[dict], float | int | None], str]] = {
     # where a decoded token's time went (a row's decode split, checks/rounds.py decode_split)
     "compute ms": (lambda r: r["decode"]["compute_ms"], ""),
     "wait ms": (lambda r: r["decode"]["wait_ms"], ""),
+    "run queue ms": (lambda r: r["decode"].get("run_queue_ms"), ""),
+    "workers CPU ms": (lambda r: r["decode"].get("others_cpu_ms"), ""),
     "requests/token": (lambda r: r["decode"]["requests"], ""),
     "mean KiB": (lambda r: r["decode"]["request_kib_mean"] or 0, ""),
     "room MiB": (lambda r: r["decode"]["room_mib"], ""),

@@ -556,11 +556,23 @@ def markdown_memory(rows: Sequence[MemoryRow], header: str) -> str:
     return "\n".join([*lines, "", DECODE_NOTE])
 
 
-DECODE_COLUMNS = ("compute ms", "wait ms", "requests/token", "mean KiB", "in flight", "busy %", "expert hit %")
+DECODE_COLUMNS = (
+    "compute ms",
+    "wait ms",
+    "run queue ms",
+    "workers CPU ms",
+    "requests/token",
+    "mean KiB",
+    "in flight",
+    "busy %",
+    "expert hit %",
+)
 DECODE_NOTE = (
     "Per decoded token: compute ms, the decoding thread's CPU (with --threads 1; marked (process): the process's "
     "CPU, every thread's, no wait separable), faults and reclaim in it included; wait ms, the rest of its wall "
-    "time, off CPU (reads, page locks, reclaim waits). Requests: the reads the drive served meanwhile "
+    "time, off CPU (reads, page locks, reclaim waits); run queue ms, the part of it runnable but waiting for a "
+    "core (/proc/thread-self/schedstat); workers CPU ms, the rest of the process's CPU meanwhile (the consumer's "
+    "workers; with --threads 1 only). Requests: the reads the drive served meanwhile "
     "(/proc/diskstats of the model's device, or the emulator's counters), their mean size, the mean in flight "
     "(weighted ms / wall) and busy % (io_ticks / wall; diskstats only). Expert hit: the share of the routed "
     "experts' bytes resident when routed (route-time rows only)."
@@ -575,6 +587,8 @@ def decode_cells(d: DecodeSplit | None) -> list[str]:
     return [
         compute,
         _fmt(d.wait_ms, ".1f"),
+        _fmt(d.run_queue_ms, ".1f"),
+        _fmt(d.others_cpu_ms, ".1f"),
         _fmt(d.requests, ".1f"),
         _fmt(d.request_kib_mean, ".0f"),
         _fmt(d.in_flight, ".2f"),

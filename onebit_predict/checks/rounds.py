@@ -160,6 +160,8 @@ class Sample:
     layers_cut: int | None = None  # ... the ops whose depth the room cut
     cpu_s: float | None = None  # the decode's CPU seconds: the decoding thread's (cpu_basis COMPUTE_THREAD), else all
     cpu_basis: str | None = None
+    others_cpu_s: float | None = None  # ... with one thread: the rest of the process's CPU (the consumer's workers)
+    run_delay_s: float | None = None  # ... with one thread: the decoding thread's time runnable, not running
     reads: ReadRequests | None = None  # the read requests the drive served while it decoded (None: not counted)
     room_bytes: int | None = None  # the room rule's last measurement after the decode (-1: unknown)
     room_need_bytes: int | None = None
@@ -254,6 +256,8 @@ def run_one(model: Path, cfg: Config, lib_dir: Path, opts: BenchOptions) -> Samp
         layers_cut=out.get("layers_cut"),
         cpu_s=out.get("cpu_s"),
         cpu_basis=out.get("cpu_basis"),
+        others_cpu_s=out.get("others_cpu_s"),
+        run_delay_s=out.get("run_delay_s"),
         reads=None if out.get("reads") is None else ReadRequests(**out["reads"]),
         room_bytes=out.get("room_bytes"),
         room_need_bytes=out.get("room_need_bytes"),
@@ -406,6 +410,8 @@ def run_split(s: Sample, tokens: int) -> DecodeSplit | None:
         None if s.layers_ops is None else s.layers_ops / tokens,
         None if s.layers_bytes is None else s.layers_bytes / 2**20 / tokens,
         None if s.layers_cut is None else s.layers_cut / tokens,
+        others_cpu_ms=None if s.others_cpu_s is None else 1e3 * s.others_cpu_s / tokens,
+        run_queue_ms=None if s.run_delay_s is None else 1e3 * s.run_delay_s / tokens,
     )
 
 

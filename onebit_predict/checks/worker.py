@@ -21,8 +21,11 @@ CPU backend computes a one-thread graph on the calling thread, so that is the co
 kernel's fault handling and reclaim in that thread included, and the rest of the wall time is the
 thread off CPU (waiting on reads, page locks, reclaim). With more threads it is the process's
 (``time.process_time``, COMPUTE_PROCESS): every compute thread and the consumer's workers together,
-no split of the wall time. ``reads`` (llama/diskstats.py ``ReadRequests``) are the read requests the
-drive served over the decode loop: /proc/diskstats of the model's block device, or the emulated
+no split of the wall time. With one thread, :class:`DecodeClocks` also takes ``others_cpu_s`` (the rest
+of the process's CPU around the calls: the consumer's workers) and ``run_delay_s`` (the decoding thread's
+time runnable but not running, from /proc/thread-self/schedstat: the part of the wait spent waiting for a
+core). ``reads`` (llama/diskstats.py ``ReadRequests``) are the read requests the drive served over the
+decode loop: /proc/diskstats of the model's block device, or the emulated
 drive's counters. ``route_resident_bytes`` (route time: the routed experts' bytes resident when
 routed, over the decode) beside ``route_missing_bytes``; ``room_bytes`` and ``room_need_bytes``, the
 room rule's last measurement after the decode (-1: unknown).
@@ -47,7 +50,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import COMPUTE_PROCESS, COMPUTE_THREAD, LARGEST_SEEN, PREFILL_CTX_SLACK, PROC_DISKSTATS
+from ..constants import (
+    COMPUTE_PROCESS,
+    COMPUTE_THREAD,
+    LARGEST_SEEN,
+    PREFILL_CTX_SLACK,
+    PROC_DISKSTATS,
+    PROC_SCHEDSTAT,
+)
 from ..llama.cgroup import io_read_bytes
 from ..llama.diskstats import ReadRequests, model_disk, read_diskstats
 
@@ -128,6 +138,55 @@ def cpu_clock(threads: int) -> tuple[Callable[[], float], str]:
     """The CPU clock of the decode's compute and its basis: one thread, the calling thread's own (the
     CPU backend computes a one-thread graph on the thread that calls llama_decode); more, the process's."""
     return (time.thread_time, COMPUTE_THREAD) if threads == 1 else (time.process_time, COMPUTE_PROCESS)
+
+
+def run_delay_s(schedstat: str | Path = PROC_SCHEDSTAT) -> float | None:
+    """The calling thread's time so far runnable but not running, seconds: the second field of
+    /proc/thread-self/schedstat (None where the kernel keeps none)."""
+    try:
+        return int(Path(schedstat).read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class DecodeClocks:
+    """The clocks around each decode call (:meth:`start`, :meth:`stop`): ``cpu`` the compute's
+    (:func:`cpu_clock`); with one thread also ``others``, the rest of the process's CPU meanwhile (the
+    consumer's workers: their pread, page allocation and mremap, which share the cores with the decode),
+    and ``run_delay``, the decoding thread's time on the run queue (runnable, not running: part of the
+    wait), None where the kernel keeps no schedstat."""
+
+    def __init__(self, threads: int, schedstat: str | Path = PROC_SCHEDSTAT) -> None:
+        self.clock, self.basis = cpu_clock(threads)
+        self.schedstat = schedstat
+        self.cpu = self.others = 0.0
+        self.run_delay: float | None = 0.0
+        self._at = (0.0, 0.0, None)
+
+    def start(self) -> None:
+        self._at = (self.clock(), time.process_time(), run_delay_s(self.schedstat))
+
+    def stop(self) -> None:
+        cpu0, process0, delay0 = self._at
+        cpu = self.clock() - cpu0
+        self.cpu += cpu
+        self.others += max(0.0, time.process_time() - process0 - cpu)  # clock reads apart by microseconds
+        delay = run_delay_s(self.schedstat)
+        if self.run_delay is not None and delay is not None and delay0 is not None:
+            self.run_delay += delay - delay0
+        else:
+            self.run_delay = None
+
+    def as_json(self) -> dict[str, Any]:
+        """The run's ``cpu_s``, ``cpu_basis``, ``others_cpu_s`` and ``run_delay_s`` (the last two None with
+        several compute threads: the process's CPU is the compute's then, and no thread's wait is the token's)."""
+        one = self.basis == COMPUTE_THREAD
+        return {
+            "cpu_s": self.cpu,
+            "cpu_basis": self.basis,
+            "others_cpu_s": self.others if one else None,
+            "run_delay_s": self.run_delay if one else None,
+        }
 
 
 class ReadCounter:
@@ -221,21 +280,22 @@ def decode_at(ctx, toks: Sequence[int], start: int) -> None:
     ctx.decode(toks, range(start, start + n), [0] * n, [False] * (n - 1) + [True])
 
 
-def timed_prefill(ctx, opts: WorkerOptions, toks: Sequence[int]) -> tuple[float, float, str, dict[str, Any]]:
-    """(wall seconds, CPU seconds, its basis, the Span's counters) of the prompt ``toks`` decoded in calls
-    of ``opts.ubatch`` tokens, each call's last token's logits wanted (as llama_batch_get_one asks)."""
+def timed_prefill(ctx, opts: WorkerOptions, toks: Sequence[int]) -> tuple[float, DecodeClocks, dict[str, Any]]:
+    """(wall seconds, the clocks, the Span's counters) of the prompt ``toks`` decoded in calls of
+    ``opts.ubatch`` tokens, each call's last token's logits wanted (as llama_batch_get_one asks)."""
     n = len(toks)
     step = opts.ubatch or n
-    elapsed = cpu = 0.0
-    clock, basis = cpu_clock(opts.threads)
+    elapsed = 0.0
+    clocks = DecodeClocks(opts.threads)
     span = Span(ctx, opts)
     for start in range(0, n, step):
         chunk = list(toks[start : start + step])
-        t0, c0 = time.perf_counter(), clock()
+        t0 = time.perf_counter()
+        clocks.start()
         decode_at(ctx, chunk, start)
-        cpu += clock() - c0
+        clocks.stop()
         elapsed += time.perf_counter() - t0
-    return elapsed, cpu, basis, span.stop()
+    return elapsed, clocks, span.stop()
 
 
 def mapped_libllama() -> str | None:
@@ -330,14 +390,14 @@ def run_worker(opts: WorkerOptions) -> dict:
         with ctx:
             left = None
             if opts.prefill is not None:
-                elapsed, cpu, basis, counted = timed_prefill(ctx, opts, toks)
+                elapsed, clocks, counted = timed_prefill(ctx, opts, toks)
                 timed = opts.prefill
             else:
                 n = opts.prompt
                 decode_at(ctx, toks[:n], 0)
-                elapsed = cpu = 0.0
+                elapsed = 0.0
                 left = 0.0 if pages is not None else None
-                clock, basis = cpu_clock(opts.threads)
+                clocks = DecodeClocks(opts.threads)
                 span = Span(ctx, opts)
                 for i in range(opts.generate):
                     if pages is not None:
@@ -345,9 +405,10 @@ def run_worker(opts: WorkerOptions) -> dict:
                         time.sleep(EVICT_SETTLE_S)
                         pages.evict(opts.cold_method)
                         left = max(left, pages.resident_fraction())
-                    t0, c0 = time.perf_counter(), clock()
+                    t0 = time.perf_counter()
+                    clocks.start()
                     decode_at(ctx, [toks[n + i]], n + i)
-                    cpu += clock() - c0
+                    clocks.stop()
                     elapsed += time.perf_counter() - t0
                 counted = span.stop()  # the decoded tokens' reads from the drive, all threads
                 timed = opts.generate
@@ -360,8 +421,7 @@ def run_worker(opts: WorkerOptions) -> dict:
         "n_layer": model.n_layer,
         "resident_after_evict": left,
         "seconds": elapsed,
-        "cpu_s": cpu,
-        "cpu_basis": basis,
+        **clocks.as_json(),
         **counted,
         "patched": patched(),
         "libllama": mapped_libllama(),

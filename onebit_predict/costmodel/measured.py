@@ -140,7 +140,11 @@ class DecodeSplit:
     read but not routed (paged out at their layer's route), None otherwise. ``layers_ops``, ``layers_mib``
     and ``layers_cut``: with ONEBIT_MOE_PREFETCH_LAYERS, per token, the batches' route-time ops that read the
     next layers ahead, the MiB they queued (not resident when queued) and the ops whose depth the room cut,
-    None otherwise (a decode's one-token ubatches never read ahead: 0)."""
+    None otherwise (a decode's one-token ubatches never read ahead: 0). With one thread, ``others_cpu_ms``: the
+    rest of the process's CPU per token (the consumer's workers: their reads' system time, page allocation,
+    mremap), which shares the machine's cores with the decoding thread; ``run_queue_ms``: the part of
+    ``wait_ms`` the decoding thread spent runnable but not running, waiting for a core
+    (/proc/thread-self/schedstat); both None in reports before them (2026-12-06)."""
 
     compute_ms: float
     wait_ms: float | None = None
@@ -164,6 +168,8 @@ class DecodeSplit:
     layers_ops: float | None = None  # per token
     layers_mib: float | None = None  # per token
     layers_cut: float | None = None  # per token
+    others_cpu_ms: float | None = None  # per token, the process's CPU beside the decoding thread's
+    run_queue_ms: float | None = None  # per token, the decoding thread runnable but not running (in wait_ms)
 
     @property
     def wall_ms(self) -> float | None:
