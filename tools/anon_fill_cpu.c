@@ -7,6 +7,8 @@
 //   ./anon_fill_cpu FILE SIZE MODE N    MODE 0: 4 KiB pages (patch 0028 before 2026-12-06)
 //                                       MODE 1: the buffer advised MADV_HUGEPAGE (patch 0028 now)
 //                                       MODE 2: one buffer reused, never moved (the floor: no page allocated)
+//                                       MODE 3: one memfd slot reused, mapped over the range with MAP_SHARED |
+//                                               MAP_FIXED | MAP_POPULATE (a design not built: the pages kept)
 //
 // It prints the process's CPU (user + system) per MiB read. Exit 0, 1 a system call failed, 2 usage.
 #define _GNU_SOURCE
@@ -43,8 +45,8 @@ int main(int argc, char ** argv) {
     struct stat  st;
     const int    fd  = open(argv[1], O_RDONLY);
     const int    fdd = open(argv[1], O_RDONLY | O_DIRECT);
-    if (size == 0 || mode < 0 || mode > 2 || n < 1) {
-        fprintf(stderr, "%s: SIZE of at least a page, MODE 0 to 2, N at least 1\n", argv[0]);
+    if (size == 0 || mode < 0 || mode > 3 || n < 1) {
+        fprintf(stderr, "%s: SIZE of at least a page, MODE 0 to 3, N at least 1\n", argv[0]);
         return 2;
     }
     if (fd < 0 || fdd < 0 || fstat(fd, &st) != 0) {
@@ -61,6 +63,17 @@ int main(int argc, char ** argv) {
     }
     if (mode == 2) {
         reuse = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (reuse == MAP_FAILED) {
+            return fail("mmap");
+        }
+    }
+    int mfd = -1;
+    if (mode == 3) {
+        mfd = memfd_create("slot", MFD_CLOEXEC);
+        if (mfd < 0 || ftruncate(mfd, (off_t) size) != 0) {
+            return fail("memfd");
+        }
+        reuse = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
         if (reuse == MAP_FAILED) {
             return fail("mmap");
         }
@@ -85,8 +98,17 @@ int main(int argc, char ** argv) {
                 return fail("pread");
             }
         }
-        if (reuse == NULL) {
-            uint8_t * addr = map + page + (size_t) (i % 8) * (8ul << 20);
+        uint8_t * addr = map + page + (size_t) (i % 8) * (8ul << 20);
+        if (mode == 3) {
+            if (mmap(addr, size, PROT_READ, MAP_SHARED | MAP_FIXED | MAP_POPULATE, mfd, 0) == MAP_FAILED) {
+                return fail("mmap");
+            }
+            volatile uint8_t x = addr[size / 2];
+            (void) x;
+            if (mmap(addr, size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, (off_t) (addr - map)) == MAP_FAILED) {
+                return fail("mmap");
+            }
+        } else if (reuse == NULL) {
             if (mprotect(buf, size, PROT_READ) != 0 ||
                 mremap(buf, size, size, MREMAP_MAYMOVE | MREMAP_FIXED, addr) == MAP_FAILED) {
                 return fail("mremap");
