@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 
 from onebit_predict.checks import bench_memory, worker
-from onebit_predict.checks.bench_memory import (
-    DECODE_COLUMNS,
-    MemoryRow,
-    decode_cells,
-    markdown_memory,
-    measure_memory,
-)
+from onebit_predict.checks.bench_memory import MemoryRow, markdown_memory, measure_memory
+from onebit_predict.checks.decode_columns import DECODE_COLUMNS, decode_cells
 from onebit_predict.checks.rounds import (
     BenchOptions,
     Sample,

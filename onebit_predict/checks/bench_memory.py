@@ -52,7 +52,8 @@ over the rounds; checks/worker.py measures it): compute (the decoding thread's C
 waits) in ms per token; the read requests the drive served meanwhile (/proc/diskstats of the
 model's device, or the emulator's counters): per token, their mean size, the mean in flight and
 the device's busy share (io_ticks over wall, not ``drive_utilisation``'s bytes over bandwidth);
-the expert-level hit rate of route-time rows; the room rule's last measurement (JSON only).
+the expert-level hit rate of route-time rows; with one thread, the workers' CPU and the decoding thread's
+wait for a core (checks/decode_columns.py); the room rule's last measurement (JSON only).
 
 Prompt processing (``--prompt-tokens``, ``--ubatch``): the same configurations, each prompt length and
 ubatch a run of its own, in rows of their own (checks/bench_prefill.py, the report's ``prefill_rows``).
@@ -73,7 +74,6 @@ from typing import Any
 import numpy as np
 
 from ..constants import (
-    COMPUTE_THREAD,
     ENV_COMPENSATOR,
     ENV_LEARNED,
     ENV_OUT,
@@ -85,6 +85,7 @@ from ..costmodel.row_config import DRIVES, NATIVE, RowConfig, from_name
 from ..trace import Trace
 from .bench_cold import RowPlan, pct, trace_figures
 from .bench_prefill import PrefillRow, measure_prefill, prefill_plans, prefill_report, ubatches
+from .decode_columns import DECODE_COLUMNS, DECODE_NOTE, decode_cells
 from .rounds import BenchOptions, Config, DriveRun, collect, decode_split, run_one
 
 logger = logging.getLogger("onebit_predict")
@@ -554,51 +555,6 @@ def markdown_memory(rows: Sequence[MemoryRow], header: str) -> str:
             f"{' | '.join(decode_cells(r.decode))} |"
         )
     return "\n".join([*lines, "", DECODE_NOTE])
-
-
-DECODE_COLUMNS = (
-    "compute ms",
-    "wait ms",
-    "run queue ms",
-    "workers CPU ms",
-    "requests/token",
-    "mean KiB",
-    "in flight",
-    "busy %",
-    "expert hit %",
-)
-DECODE_NOTE = (
-    "Per decoded token: compute ms, the decoding thread's CPU (with --threads 1; marked (process): the process's "
-    "CPU, every thread's, no wait separable), faults and reclaim in it included; wait ms, the rest of its wall "
-    "time, off CPU (reads, page locks, reclaim waits); run queue ms, the part of it runnable but waiting for a "
-    "core (/proc/thread-self/schedstat); workers CPU ms, the rest of the process's CPU meanwhile (the consumer's "
-    "workers; with --threads 1 only). Requests: the reads the drive served meanwhile "
-    "(/proc/diskstats of the model's device, or the emulator's counters), their mean size, the mean in flight "
-    "(weighted ms / wall) and busy % (io_ticks / wall; diskstats only). Expert hit: the share of the routed "
-    "experts' bytes resident when routed (route-time rows only)."
-)
-
-
-def decode_cells(d: DecodeSplit | None) -> list[str]:
-    """A row's DECODE_COLUMNS ("-" where it has no figure: a report before them, a drive without times)."""
-    if d is None:
-        return ["-"] * len(DECODE_COLUMNS)
-    compute = f"{d.compute_ms:.1f}" + ("" if d.compute_basis == COMPUTE_THREAD else f" ({d.compute_basis})")
-    return [
-        compute,
-        _fmt(d.wait_ms, ".1f"),
-        _fmt(d.run_queue_ms, ".1f"),
-        _fmt(d.others_cpu_ms, ".1f"),
-        _fmt(d.requests, ".1f"),
-        _fmt(d.request_kib_mean, ".0f"),
-        _fmt(d.in_flight, ".2f"),
-        pct(d.busy),
-        pct(d.expert_hit),
-    ]
-
-
-def _fmt(v: float | None, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
 
 
 def _mib(n: float | None) -> str:
