@@ -12,6 +12,7 @@ depth 1 that is fio's time per request, and with ``k`` always in flight fio's th
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 from collections.abc import Sequence
@@ -62,7 +63,7 @@ def _between(points: tuple[int, ...], x: float) -> tuple[int, float]:
         return 0, 0.0
     if x >= points[-1]:
         return len(points) - 1, 0.0
-    i = max(k for k in range(len(points) - 1) if points[k] <= x)
+    i = bisect.bisect_right(points, x) - 1  # points[i] <= x < points[-1]
     return i, math.log(x / points[i]) / math.log(points[i + 1] / points[i])
 
 
