@@ -29,7 +29,7 @@ CMAKE_FLAGS=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_TES
              -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF
              -DGGML_NATIVE=ON -DGGML_CCACHE=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF
              -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DGGML_RPC=ON)
-TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict test-amx-mul-mat-batched onebit-tiny-gguf test-onebit-rollback)
+TEST_TARGETS=(llama test-onebit-moe-policy test-onebit-moe-predict test-onebit-moe-slots test-amx-mul-mat-batched onebit-tiny-gguf test-onebit-rollback)
 # llama.cpp's own tools, from the patched tree (./build.sh path prints the PATH line); the server's
 # web UI is left out (no download at build time: the server answers its API, /metrics and /props);
 # ggml-rpc-server (GGML_RPC above) serves layers to another machine's tools (--rpc HOST:PORT)

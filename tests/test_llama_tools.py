@@ -203,6 +203,19 @@ def test_the_recommended_flags_run_in_any_order():
     assert "ONEBIT_MOE_PREFETCH_KEEP=lru needs route-time reads (ONEBIT_MOE_PREFETCH_ROUTE=1); ignored" in out.stderr
 
 
+def test_keep_anon_runs_from_the_flags_in_any_order():
+    """--moe-prefetch-keep anon needs the pread call: judged with pread (it was an argument error with any
+    call before 2026-12-06, so no tool could ask for it); the context holds its experts in memfd slots
+    (its stats line says so); without pread it warns, is lru, and the run goes on."""
+    anon = ["--moe-prefetch-keep", "anon", "--moe-prefetch-order", "hits"]
+    out = _completion("-v", "--moe-predict-stats", *anon, "--moe-prefetch-route", "--moe-prefetch", "pread")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "onebit: keep anon: holds at most" in out.stderr and "(memfd slots," in out.stderr
+    out = _completion(*anon, "--moe-prefetch-route")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "ONEBIT_MOE_PREFETCH_KEEP=anon reads with pread (ONEBIT_MOE_PREFETCH=pread); using lru" in out.stderr
+
+
 def test_flags_reach_the_context_and_win_over_the_environment(tmp_path):
     trace = tmp_path / "t.bin"
     env = tool_env("router") | {"ONEBIT_MOE_PREDICT_DEPTH": "2"}  # the flags below must win
