@@ -21,6 +21,7 @@ from onebit_predict.checks.bitident import (
     keep_wait_problem,
     knob_problem,
     prediction_problem,
+    reordered_problem,
     route_problem,
     run_env,
 )
@@ -460,8 +461,12 @@ def test_the_counters_prove_hits_first():
     assert "ran no expert matmul marked" in route_problem(on | {"order_marked": 0}, hits)
     assert "ORDER=hits was not asked for" in route_problem(on, parse_mode("route"))
     lru = on | {"keep": 1, "keep_evicted": 12, "keep_capacity": 6}
-    assert "never took the experts out of index order" in route_problem(lru, lru_hits, 6)
-    assert route_problem(lru | {"order_reordered": 3}, lru_hits, 6) is None
+    # runs out of index order are counted over the scenarios, not per run (timing: a flash-attn run on the
+    # tiny model read every expert before its matmuls once in two, and failed CI when judged alone)
+    assert route_problem(lru, lru_hits, 6) is None
+    assert "never took the experts out of index order in any scenario" in reordered_problem("route+lru+hits", 0)
+    assert reordered_problem("route+lru+hits+layers", 3) is None
+    assert reordered_problem("route+hits", 0) is None  # resident without the LRU: nothing to reorder
     assert run_env("route+lru+hits", None, False, keep_cap=6)[ENV_PREFETCH_ORDER] == "hits"
     assert run_env("route+lru", None, False, keep_cap=6)[ENV_PREFETCH_ORDER] is None
     with pytest.raises(ValueError, match="in the order exact\\+wait\\+lru\\+anon\\+hits"):
