@@ -163,15 +163,19 @@ class DecodeClocks:
         self.run_delay: float | None = 0.0
         self._at = (0.0, 0.0, None)
 
+    def _delay(self) -> float | None:
+        # with several compute threads no thread's wait is the token's (as_json leaves it out): not read
+        return run_delay_s(self.schedstat) if self.basis == COMPUTE_THREAD else None
+
     def start(self) -> None:
-        self._at = (self.clock(), time.process_time(), run_delay_s(self.schedstat))
+        self._at = (self.clock(), time.process_time(), self._delay())
 
     def stop(self) -> None:
         cpu0, process0, delay0 = self._at
         cpu = self.clock() - cpu0
         self.cpu += cpu
         self.others += max(0.0, time.process_time() - process0 - cpu)  # clock reads apart by microseconds
-        delay = run_delay_s(self.schedstat)
+        delay = self._delay()
         if self.run_delay is not None and delay is not None and delay0 is not None:
             self.run_delay += delay - delay0
         else:
