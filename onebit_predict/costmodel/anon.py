@@ -25,7 +25,10 @@ Patch 0028's rules, to the granularity of an expert's slices (one per expert ten
 
 What it leaves out: the CPU cost of ``mremap`` and of mapping the file back; the shared first and
 last page of two neighbours' slices (each slice is its own page range here, so those pages are read
-twice); the pages a batch leaves in the page cache and a later route copies from it.
+twice); the pages a batch leaves in the page cache and a later route copies from it. Among them the
+prompt's: patch 0028 holds nothing new in a ubatch larger than any before (its room is not known while
+its buffers are first touched), so the prompt's routed experts go through the page cache and the first
+decoded tokens' routes copy them to memory of its own; here the prompt holds them, as those copies do.
 docs/cost-model.md, "keep anon".
 """
 
