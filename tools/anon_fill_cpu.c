@@ -5,14 +5,15 @@
 //
 //   cc -O2 -o anon_fill_cpu tools/anon_fill_cpu.c
 //   ./anon_fill_cpu FILE SIZE MODE N    MODE 0: 4 KiB pages (patch 0028 before 2026-12-06)
-//                                       MODE 1: the buffer advised MADV_HUGEPAGE (patch 0028 now)
+//                                       MODE 1: the buffer advised MADV_HUGEPAGE (patch 0028 where memfd_create fails)
 //                                       MODE 2: one buffer reused, never moved (the floor: no page allocated)
 //                                       MODE 3: one memfd slot reused, mapped over the range with MAP_SHARED |
-//                                               MAP_FIXED | MAP_POPULATE (a design not built: the pages kept)
+//                                               MAP_FIXED | MAP_POPULATE (patch 0028's slots since 2026-12-06)
 //                                       MODE 4: as 1, the buffer's pages faulted in at once by
 //                                               MADV_POPULATE_WRITE before the reads
 //
-// It prints the process's CPU (user + system) and the wall time per MiB read (one thread, one read at a time). Exit 0, 1 a system call failed, 2 usage.
+// It prints the process's CPU (user + system) and the wall time per MiB read (one thread, one read at a
+// time). Exit 0, 1 a system call failed, 2 usage.
 #define _GNU_SOURCE
 #include <fcntl.h>
 #include <stdint.h>

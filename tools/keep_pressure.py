@@ -7,7 +7,9 @@ the model dropped from the page cache first. With ``--other MIB``, a second proc
 ``--other-at`` seconds in, takes that many MiB of anonymous memory (every page touched) and holds it
 ``--other-hold`` seconds: memory another program asks for while the model decodes. Every 100 ms the
 cgroup's memory.stat is sampled (shmem: keep anon's memfd slots; cache: the page cache, shmem included; rss:
-anonymous memory). Prints one line, and with ``--json FILE`` writes the outcome and the samples.
+anonymous memory; v2's file and anon under v1's names). The stats (ONEBIT_MOE_PREDICT_STATS) are asked for,
+and the log keeps their keep lines, the room rule's and the timings (with ``-v`` in ``--llama-args``: the
+info lines are printed only then). Prints one line, and with ``--json FILE`` writes the outcome and the samples.
 
     python tools/keep_pressure.py $G/w21504-q4_k_m.gguf --keep anon --limit-mib 174 --other 25 --json out.json \\
         --llama-args '-c 1024 -b 16 -ub 16'
@@ -28,13 +30,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from onebit_predict.constants import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
+from onebit_predict.constants import ENV_STATS, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from onebit_predict.llama.cgroup import CgroupError, MemoryCgroup, join
+from onebit_predict.llama.evict import drop_file
 from onebit_predict.llama.paths import build_info
 
 MIB = 1 << 20
 SAMPLE_S = 0.1
 PROMPT = Path(__file__).resolve().parent.parent / "models" / "heldout.txt"
+# memory.stat's names for the figures sampled: (shmem, the page cache with shmem, anonymous) in v1 and v2
+STAT_KEYS = {1: ("shmem", "cache", "rss"), 2: ("shmem", "file", "anon")}
 OTHER = "import time; b = bytearray({n} << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep({hold})"
 
 
@@ -43,37 +48,39 @@ def flags(keep: str) -> list[str]:
     return ["--moe-prefetch", "pread", "--moe-prefetch-random", *out] if keep == "anon" else out
 
 
-def sample(group: Path, t: float) -> dict[str, float]:
-    stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
-    return {"t": round(t, 2), **{k: int(stat.get(k, 0)) // MIB for k in ("shmem", "cache", "rss")}}
+def sample(group: Path, version: int, t: float) -> dict[str, float]:
+    stat = dict(line.split()[:2] for line in (group / "memory.stat").read_text().splitlines())
+    missing = [n for n in STAT_KEYS[version] if n not in stat]
+    if missing:
+        raise CgroupError(f"{group / 'memory.stat'} has no {', '.join(missing)}")
+    return {"t": round(t, 2), **{k: int(stat[n]) // MIB for k, n in zip(STAT_KEYS[1], STAT_KEYS[version])}}
 
 
 def run(args: argparse.Namespace) -> dict:
     build = args.bin or build_info().build_dir / "bin"
     cg = MemoryCgroup(f"onebit-pressure-{os.getpid()}", args.limit_mib * MIB)
+    version = 1 if cg.events_file == "memory.oom_control" else 2
     try:
-        fd = os.open(args.model, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+        drop_file(args.model)
         cmd = [str(build / "llama-completion"), "-m", str(args.model), "-p", PROMPT.read_text()[: args.prompt_chars],
                "-n", str(args.generate), "-t", "1", "--ignore-eos", "-no-cnv", "--temp", "0", "--no-repack",
                *args.llama_args, *flags(args.keep)]  # fmt: skip
         env = {k: v for k, v in os.environ.items() if not k.startswith("ONEBIT_")}
-        env |= {"ONEBIT_MOE_PREFETCH_STATS": "1", "LD_LIBRARY_PATH": str(build)}
+        env |= {ENV_STATS: "1", "LD_LIBRARY_PATH": str(build)}
         enter = lambda: join(cg.path)  # noqa: E731
-        log = tempfile.TemporaryFile("w+")  # not a pipe: a full one would stop llama-completion
-        llama = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
-                                 preexec_fn=enter)  # fmt: skip
-        other, other_rc, t0, samples = None, None, time.monotonic(), []
-        while llama.poll() is None:
-            t = time.monotonic() - t0
-            if args.other and other is None and t >= args.other_at:
-                code = OTHER.format(n=args.other, hold=args.other_hold)
-                other = subprocess.Popen([sys.executable, "-c", code], preexec_fn=enter)
-            samples.append(sample(cg.path, t))
-            time.sleep(SAMPLE_S)
-        log.seek(0)
-        stderr = log.read()
+        with tempfile.TemporaryFile("w+") as log:  # not a pipe: a full one would stop llama-completion
+            llama = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log, env=env,
+                                     preexec_fn=enter)  # fmt: skip
+            other, other_rc, t0, samples = None, None, time.monotonic(), []
+            while llama.poll() is None:
+                t = time.monotonic() - t0
+                if args.other and other is None and t >= args.other_at:
+                    code = OTHER.format(n=args.other, hold=args.other_hold)
+                    other = subprocess.Popen([sys.executable, "-c", code], preexec_fn=enter)
+                samples.append(sample(cg.path, version, t))
+                time.sleep(SAMPLE_S)
+            log.seek(0)
+            stderr = log.read()
         if other is not None:
             other_rc = other.wait()
         kept = [line for line in stderr.splitlines() if any(w in line for w in ("keep ", "eval time", "prefetch room"))]
