@@ -34,12 +34,14 @@ def anon(path, model, predictor=None, order=False, layout=None):
 
 def test_the_capacitys_remainder_goes_to_the_first_layers_and_a_batch_beyond_its_share_is_not_held():
     """Patch 0028's keep_lru: 5 experts over 2 layers hold 3 in layer 0 and 2 in layer 1 (keep lru: 2 and 2);
-    a batch routing 4 fresh experts in layer 1 holds the first 2, the ones beyond its share not at all."""
+    a batch routing 2 fresh experts in layer 1 (one more than a token's) shares 5 - 1 = 4, so it holds both,
+    and one routing 3 shares 5 - 2 = 3, 2 in layer 0 and 1 in layer 1: the ones beyond not at all."""
     lru = AnonLRU(5, [0, 1], 1)
     assert (lru.share_of(0), lru.share_of(1)) == (3, 2)
-    assert lru.route(1, [0, 1, 2, 3]) == [] and lru.unkept == [3, 2]
-    assert list(lru.held[1]) == [0, 1]
-    assert lru.route(1, [2]) == [0] and lru.unkept == []  # now it evicts the oldest to hold it
+    assert lru.route(1, [0, 1]) == [] and lru.unkept == [] and list(lru.held[1]) == [0, 1]
+    assert lru.route(1, [2]) == [0] and lru.unkept == []  # a token: share 2, it evicts the oldest to hold it
+    assert lru.route(1, [3, 4, 5]) == [1, 2] and lru.unkept == [5, 4]  # share 1: the excess gives back 2
+    assert list(lru.held[1]) == [3]
     assert lru.route(0, [0]) == [] and lru.route(0, [1]) == [] and lru.route(0, [2]) == []  # 3 places
     assert lru.route(0, [3]) == [0]
 

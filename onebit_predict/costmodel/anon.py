@@ -5,8 +5,9 @@ Patch 0028's rules, to the granularity of an expert's slices (one per expert ten
 - **What stays.** The LRU of costmodel/keep.py, sized as keep lru's (``keep_capacity``), but the
   capacity's remainder goes one expert more each to the first MoE layers (:class:`AnonLRU`). Its
   experts' slices are held in memory of the consumer's own, which the kernel never reclaims; an
-  evicted one is freed at once. A batch routing more of a layer than its share holds the fresh ones
-  beyond it not at all (they are read and dropped). The page cache keeps the dense weights only,
+  evicted one is freed at once. A batch routing more of a layer than a token does shrinks the
+  capacity by that excess for the layer's share, and holds the fresh ones beyond it not at all (they
+  are read and dropped). The page cache keeps the dense weights only,
   in what the limit leaves beside the LRU's bytes.
 - **The reads.** Right after layer l's router, the op queues (urgent, ahead of every guess) each
   routed slice that is neither held nor on its way, in two or more chunks of whole pages of at most
@@ -51,19 +52,24 @@ from .row_config import ORACLE
 
 class AnonLRU(ExpertLRU):
     """keep lru's LRU with keep anon's shares: the capacity's remainder one more each to the first MoE
-    layers; a batch's fresh experts beyond its layer's share not held (:attr:`unkept`, after each route)."""
+    layers; in a route of more experts than a token's, the capacity less that excess (a batch reads the
+    union's experts it does not hold through the page cache, which needs the room); a batch's fresh experts
+    beyond its layer's share not held (:attr:`unkept`, after each route)."""
 
     def __init__(self, capacity: int, layers: Sequence[int], n_expert_used: int, guesses: bool = False) -> None:
         super().__init__(capacity, len(layers), n_expert_used, guesses)
         self.n_expert_used, self.n_moe = n_expert_used, len(layers)
-        self.extra = set(sorted(layers)[: capacity % len(layers)])
+        self.layers = sorted(layers)
+        self.excess = 0  # the route being played: its experts beyond a token's
         self.unkept: list[int] = []
 
     def share_of(self, layer: int) -> int:
-        return max(self.n_expert_used, self.capacity // self.n_moe + (layer in self.extra))
+        cap = max(0, self.capacity - self.excess)
+        return max(self.n_expert_used, cap // self.n_moe + (layer in self.layers[: cap % self.n_moe]))
 
     def route(self, layer: int, experts: Iterable[int]) -> list[int]:
         now = list(dict.fromkeys(e for e in experts if e >= 0))
+        self.excess = max(0, len(now) - self.n_expert_used)
         fresh = [e for e in now if e not in self.held.get(layer, ()) and e not in self.guessed.get(layer, ())]
         out = super().route(layer, now)
         lru, share = self.held[layer], self.share_of(layer)
