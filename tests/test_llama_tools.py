@@ -222,6 +222,16 @@ HELD = re.compile(
 )
 
 
+def _anon_prompt_args(prompt: str) -> list[str]:
+    """llama-completion's arguments for keep anon's prompt tests: the prompt only (-n 1 decodes nothing), its
+    stats line printed, the room rule off (room 0: route reads without a memory limit)."""
+    anon = ["--moe-prefetch", "pread", "--moe-prefetch-route", "--moe-prefetch-keep", "anon"]
+    return [*anon, "--moe-prefetch-room", "0", "-v", "--moe-predict-stats", "-p", prompt, "-n", "1", "-c", "256"]
+
+
+ANON_PROMPT = "def main():\n    total = sum(range(10)) + len('onebit')\n    return total\n" * 3
+
+
 def _held_mib(stderr: str) -> float:
     """keep anon's memory of its own at the context's end (its stats line)."""
     m = HELD.search(stderr)
@@ -237,9 +247,7 @@ def test_keep_anon_holds_nothing_new_in_a_ubatch_larger_than_any_before():
     give back"). A prompt in one ubatch (-n 1: it decodes nothing) now holds nothing; the same prompt in
     ubatches of 8 holds what the ubatches after the first routed. The room rule is off (room 0), so route
     reads without a memory limit."""
-    prompt = "def main():\n    total = sum(range(10)) + len('onebit')\n    return total\n" * 3
-    anon = ["--moe-prefetch", "pread", "--moe-prefetch-route", "--moe-prefetch-keep", "anon"]
-    args = [*anon, "--moe-prefetch-room", "0", "-v", "--moe-predict-stats", "-p", prompt, "-n", "1", "-c", "256"]
+    args = _anon_prompt_args(ANON_PROMPT)
     one = _completion(*args)
     assert one.returncode == 0, one.stderr[-2000:]
     assert _held_mib(one.stderr) == 0.0
@@ -256,9 +264,7 @@ def test_keep_anon_gives_a_batch_the_page_cache_its_union_needs():
     prompt"). The same 207-token prompt, the capacity fixed at 120 of the tiny model's 128 experts: token by
     token it holds the full capacity, in ubatches of 16 (the last one 15) less. The old build held 4.2 MiB
     both ways."""
-    prompt = ("def main():\n    total = sum(range(10)) + len('onebit')\n    return total\n" * 3)[:207]
-    anon = ["--moe-prefetch", "pread", "--moe-prefetch-route", "--moe-prefetch-keep", "anon"]
-    args = [*anon, "--moe-prefetch-room", "0", "-v", "--moe-predict-stats", "-p", prompt, "-n", "1", "-c", "256"]
+    args = _anon_prompt_args(ANON_PROMPT[:207])
     env = tool_env(None) | {"ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP": "120"}
     tokens = _completion(*args, "-b", "1", "-ub", "1", env=env)
     assert tokens.returncode == 0, tokens.stderr[-2000:]
