@@ -167,6 +167,45 @@ def test_route_time_reads_the_routed_experts_alone(tiny_model, tmp_path, capfd):
     assert "reads at route time" in err and "readahead off on the experts (MADV_RANDOM)" in err
 
 
+def random_read_kib(path: Path) -> int:
+    """KiB of this process's mappings of path that carry the random-read advice (smaps' VmFlags "rr")."""
+    total, mapped, size = 0, False, 0
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            mapped = len(fields) >= 6 and Path(fields[5]) == path.resolve()
+        elif mapped and fields[0] == "Size:":
+            size = int(fields[1])
+        elif mapped and fields[0] == "VmFlags:" and "rr" in fields[1:]:
+            total += size
+    return total
+
+
+@pytest.mark.parametrize("room, reads", [("1000", False), ("0", True)], ids=["held-off", "reads"])
+def test_readahead_back_while_route_holds_off(tiny_model, capfd, room, reads):
+    """ONEBIT_MOE_PREFETCH_RANDOM=1 puts readahead off on the expert tensors for the consumer's exact reads.
+    Where the room rule holds the reads off (R 1000: far more than this machine has; the model fits and route
+    idles) the compute thread faults the routed experts in itself, a page at a time with readahead off
+    (0.074x of off at 25 % of the grown 2.7 MiB model), so the layers get the kernel's readahead back: no
+    mapping of the model carries the random advice, and the room line says so. With the rule off (R 0) route
+    reads and the advice stays. Before, it stayed whatever the rule said."""
+    path = tiny_model("qwen3moe")
+    env = {ENV_PREFETCH: "pread", ENV_PREFETCH_ROUTE: "1", ENV_PREFETCH_RANDOM: "1", ENV_PREFETCH_ROOM: room}
+    before = random_read_kib(path)
+    with Model(path, extra_bufts=False) as model:
+        toks = builtin_tokens(N_PROMPT + N_DECODE, model.n_vocab, 3)
+        with Context(model, ContextSettings(n_ubatch=8), env) as ctx:
+            ctx.decode(toks[:N_PROMPT], range(N_PROMPT), [0] * N_PROMPT, [True] * N_PROMPT)
+            for i in range(N_DECODE):
+                ctx.decode([toks[N_PROMPT + i]], [N_PROMPT + i], [0], [True])
+            advised = random_read_kib(path) - before
+    err = capfd.readouterr().err
+    assert "readahead off on the experts (MADV_RANDOM)" in err  # the knob held
+    assert (advised > 0) == reads, advised
+    assert ("route time idles" in err) != reads, err  # R 0: the rule off, route reads (and says nothing)
+    assert ("the experts' readahead back meanwhile" in err) != reads
+
+
 def test_cap_drops_what_it_cannot_afford(tiny_model, tmp_path):
     path = tiny_model("qwen3moe")
     trace = run(path, tmp_path / "t.bin", {ENV_MODE: "block", ENV_PREFETCH: "advise", ENV_PREFETCH_MAX_BYTES: "1"})
