@@ -511,6 +511,9 @@ def check_model(
                 if problem is None and spec.layers and sc.feed == "big-prompt" and out.stats["layers_ops"] == 0:
                     # ubatches of 64 route nearly every expert: a batch there must have read ahead
                     problem = "ONEBIT_MOE_PREFETCH_LAYERS: no batch read a layer ahead in ubatches of 64"
+                if problem is None and spec.anon and sc.feed == "big-prompt" and out.stats["keep_streamed"] == 0:
+                    # ubatches of 64 route more of a layer than the LRU's share of 6 experts: keep anon streams it
+                    problem = "ONEBIT_MOE_PREFETCH_KEEP=anon: no batch streamed a layer in ubatches of 64"
                 mismatch = first_mismatch(ref.rows, out.rows)
                 results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))
                 reordered[mode] = reordered.get(mode, 0) + (out.stats or {}).get("order_reordered", 0)

@@ -30,6 +30,9 @@ twice); the pages a batch leaves in the page cache and a later route copies from
 prompt's: patch 0028 holds nothing new in a ubatch larger than any before (its room is not known while
 its buffers are first touched), so the prompt's routed experts go through the page cache and the first
 decoded tokens' routes copy them to memory of its own; here the prompt holds them, as those copies do.
+The same stands for a batch that streams a layer (it routes more of the layer than its share and than
+half its experts): patch 0028 gives back what the layer held and holds none of the batch, and the
+compute thread faults the experts in; here the batch is played as any route. The prefill is untimed.
 docs/cost-model.md, "keep anon".
 """
 

@@ -44,6 +44,7 @@ class OnebitMoeStats(ctypes.Structure):
         ("layers", _i32),
         *((f"layers_{name}", _u64) for name in ("ops", "bytes", "cut")),
         ("order_waiting", _u64),
+        ("keep_streamed", _u64),
     ]
 
 
