@@ -42,3 +42,22 @@ def test_the_room_rule_holds_route_off_under_a_tight_limit(tmp_path, capsys):
     # run it once kept them all (0 missing), so that is not what this test claims
     assert rows[held]["route_missing_per_token"] == 0 and rows[held]["decode"]["expert_hit"] is None
     assert rows[free]["decode"]["expert_hit"] is not None
+
+
+def test_speculative_reads_held_off_give_the_experts_their_readahead_back(tmp_path, capsys):
+    """With ONEBIT_MOE_PREFETCH_RANDOM=1 the expert tensors are advised random (readahead off) for the
+    consumer's exact reads. Where the room rule holds speculative reads off (no route: the rule at its
+    largest ratio in a 24 MiB cgroup), the compute thread faults the experts in itself, and with readahead
+    off a page at a time: a build that left the advice on made 60.9 major faults a token there (patched off
+    4.3 to 6.3), this one 8.5; at 25 % of the grown 2.7 MiB model that was 0.074x of off (docs/results.md,
+    "readahead back where route holds off"). The route-time case is tests/test_prefetch.py's."""
+    _require_cgroup()
+    model = tmp_path / H256.name  # a copy no other process maps
+    shutil.copyfile(H256, model)
+    held = f"router + read, exact, room {PREFETCH_ROOM_MAX:g}"
+    argv = [str(model), "--memory-limit", "24MiB", "--rounds", "1", "--generate", "8", "--prompt", "8"]
+    assert bench_main([*argv, "--threads", "1", "--rows", held, "--json"]) == EXIT_OK
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows[held]["env"]["ONEBIT_MOE_PREFETCH_RANDOM"] == "1" and rows[held]["prefetched_experts"] == 0
+    off = max(rows["patched off"]["major_faults_per_token"], 1.0)
+    assert rows[held]["major_faults_per_token"] < 4 * off, (rows[held]["major_faults_per_token"], off)
