@@ -8,7 +8,8 @@ prints. A figure edited in the docs and not in the report (or the other way roun
 so does a measured table with no report, unless it sits in a section listed in UNREPORTED (a
 run from before the reports were kept), and a column this test cannot map to a report's field.
 A table whose report is an ``onebit-stats plot-drives --json`` (the limits' fractions) is checked
-the same way, its rows keyed by drive, expert size, limit and configuration (LIMITS_COLUMNS).
+the same way, its rows keyed by drive, expert size, limit and configuration (LIMITS_COLUMNS); one whose
+report is a ``tools/server_turns.py --json`` (a server's turns) is the table that tool prints from it.
 Every ``results.md#anchor`` of README.md and docs/*.md, and every ``#anchor`` of results.md
 itself, names one of its headings.
 """
@@ -199,6 +200,31 @@ def limits_mismatches(table: Table, report: dict) -> list[str]:
     return out
 
 
+def is_turns(report: dict) -> bool:
+    """A tools/server_turns.py --json (its rounds of servers, its rows' names), not a bench report."""
+    return isinstance(report.get("rounds"), list) and all(isinstance(r, str) for r in report.get("rows", [None]))
+
+
+def turns_mismatches(table: Table, report: dict) -> list[str]:
+    """Each cell of a server turns table that is not what tools/server_turns.py prints from the report."""
+    from tools.server_turns import summary
+
+    printed = [cells(line) for line in summary(report["rounds"], report["rows"])]
+    if table.columns != printed[0]:
+        return [f"line {table.line}: not the columns tools/server_turns.py prints"]
+    by_name = {row[0]: row for row in printed[2:]}
+    out = [] if table.rows else [f"line {table.line}: a server turns table without rows"]
+    for n, row in enumerate(table.rows):
+        line = table.line + 2 + n
+        if row[0] not in by_name or len(row) != len(table.columns):
+            out.append(f"line {line}: {row[0]} is no row of the report (or not its cells)")
+            continue
+        for column, shown, want in zip(table.columns[1:], row[1:], by_name[row[0]][1:]):
+            if shown != want:
+                out.append(f"line {line}: {row[0]}, {column}: docs {shown}, report {want}")
+    return out
+
+
 def limit_label(limit_bytes: int) -> str:
     """As onebit-bench --memory-limit prints it (checks/bench_memory.py): 0 is resident."""
     return "resident" if limit_bytes == 0 else f"{limit_bytes / MIB:.0f}"
@@ -279,7 +305,10 @@ def check(text: str) -> list[str]:
             problems.append(f"line {t.line}: {path.relative_to(REPO)} does not exist")
             continue
         report = json.loads(path.read_text())
-        problems += limits_mismatches(t, report) if is_limits(report) else mismatches(t, report)
+        if is_limits(report):
+            problems += limits_mismatches(t, report)
+        else:
+            problems += turns_mismatches(t, report) if is_turns(report) else mismatches(t, report)
     return problems
 
 
@@ -330,6 +359,18 @@ def test_an_edited_figure_fails(report: str) -> None:
     assert edited != text
     problems = check(edited)
     assert len(problems) == 1 and f"docs {bumped}" in problems[0], problems
+
+
+def test_an_edited_turns_figure_fails() -> None:
+    """Negative control for a server turns table: one figure changed in the docs is found, and only it."""
+    text = RESULTS.read_text()
+    table = next(t for t in tables(text) if t.reports == ["server-turns-w21504.json"])
+    assert turns_mismatches(table, json.loads((MEASURED / table.reports[0]).read_text())) == []
+    row = text.splitlines()[table.line + 1]
+    figure = cells(row)[2]
+    edited = text.replace(row, row.replace(f"| {figure} |", f"| {float(figure) + 0.01:.2f} |", 1), 1)
+    problems = check(edited)
+    assert len(problems) == 1 and "decode tok/s: docs" in problems[0], problems
 
 
 def test_an_edited_report_fails() -> None:
