@@ -116,8 +116,8 @@ def test_the_layers_fields_are_held_to_c(tmp_path):
     """The fields ONEBIT_MOE_PREFETCH_LAYERS added, last: ``prefetch_layers`` and
     ``prefetch_debug_handback`` of the params (after ``prefetch_order``), ``layers``, ``layers_ops``,
     ``layers_bytes`` and ``layers_cut`` of the stats (after ``order_reordered``: an i32, then three u64
-    on 8 bytes), then keep=anon's ``order_waiting`` and ``keep_streamed`` (u64), at C's offsets, the structures
-    ending there."""
+    on 8 bytes), then keep=anon's ``order_waiting``, ``keep_streamed`` and ``keep_given_back`` (u64), at C's
+    offsets, the structures ending there."""
     params = [f[0] for f in OnebitMoeParams._fields_]
     stats = [f[0] for f in OnebitMoeStats._fields_]
     at_params = params.index("prefetch_order")
@@ -131,9 +131,10 @@ def test_the_layers_fields_are_held_to_c(tmp_path):
         "layers_cut",
         "order_waiting",
         "keep_streamed",
+        "keep_given_back",
     ]
     types = dict(OnebitMoeStats._fields_)
-    assert [types[f] for f in stats[at + 1 :]] == [ctypes.c_int32, *[ctypes.c_uint64] * 5]
+    assert [types[f] for f in stats[at + 1 :]] == [ctypes.c_int32, *[ctypes.c_uint64] * 6]
     for cls, name, fields in (
         (OnebitMoeParams, "onebit_moe_params", params[at_params:]),
         (OnebitMoeStats, "onebit_moe_stats", stats[at:]),

@@ -70,6 +70,7 @@ def test_identical_and_predicted(arch, tiny_model, capsys):
         "two sequences",
         "save+restore",
         "prompt in ubatches of 64",
+        "a server's next request",
     }
     for r in report["results"]:
         assert r["mismatch"] is None and r["problem"] is None
@@ -87,7 +88,7 @@ def test_trained_models_identical(name, capsys):
     rc = bitident_main([str(model), "--json"])
     report = json.loads(capsys.readouterr().out)
     assert rc == EXIT_OK, [r for r in report["results"] if not r["ok"]]
-    assert len(report["results"]) == 6 * len(MODES)  # every scenario, every default mode
+    assert len(report["results"]) == 7 * len(MODES)  # every scenario, every default mode
     assert {r["ran"] for r in report["results"]} == set(MODES)  # each at the distance asked for
 
 

@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -76,12 +77,14 @@ def _post(port: int, path: str, body: dict) -> dict:
 
 
 @contextmanager
-def _server(args: list[str], env: dict[str, str]) -> Iterator[int]:
+def _server(args: list[str], env: dict[str, str], log: IO[str] | None = None) -> Iterator[int]:
     """A llama-server on 127.0.0.1 at a free port with these arguments, answering /health; its port.
-    Stopped (SIGTERM, then SIGKILL) on the way out, so its contexts are freed and traces closed."""
+    Stopped (SIGTERM, then SIGKILL) on the way out, so its contexts are freed and traces closed. Its
+    output goes to ``log`` where one is given."""
     port = _free_port()
     cmd = [str(tool("llama-server")), "-m", str(MODEL), "--host", "127.0.0.1", "--port", str(port), "-t", "2", *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    out = subprocess.DEVNULL if log is None else log
+    proc = subprocess.Popen(cmd, stdout=out, stderr=out, env=env)
     try:
         deadline = time.monotonic() + SERVER_START_S
         while True:
@@ -238,6 +241,33 @@ def _held_mib(stderr: str) -> float:
     m = HELD.search(stderr)
     assert m, stderr[-2000:]
     return float(m.group(1))
+
+
+GIVEN_BACK = re.compile(r"onebit: keep anon: ubatches larger than any before, all given back .*\) (\d+)$", re.MULTILINE)
+
+
+def test_keep_anon_gives_everything_back_before_a_ubatch_larger_than_any_before(tmp_path):
+    """A server whose first prompt was short decodes with keep anon's slots filled to the room measured then,
+    which counts the buffers a larger ubatch will touch as free; the cgroup cannot reclaim the slots, and
+    llama-server was OOM-killed at its first ubatch of 128 (5 of 5 at 50 % of the grown 2.7 MiB model:
+    docs/results.md, "A server's next request"). So before a ubatch larger than any before keep anon gives
+    everything back. The capacity fixed at 40 of the tiny model's 128 experts, the room rule off: a 4-token
+    prompt and 24 tokens decoded fill the slots, and a 40-token prompt in ubatches of 16 gives them back once
+    (its first ubatch). The old build has no such line."""
+    anon = ["--moe-prefetch", "pread", "--moe-prefetch-route", "--moe-prefetch-keep", "anon", "--moe-prefetch-room",
+            "0", "-v", "--moe-predict-stats", "-b", "16", "-ub", "16", "-c", "256", "-np", "1"]  # fmt: skip
+    env = tool_env(None) | {"ONEBIT_MOE_PREFETCH_DEBUG_KEEP_CAP": "40"}
+    log = tmp_path / "server.log"
+    with open(log, "w") as f, _server(anon, env, f) as port:
+        tokens = _post(port, "/tokenize", {"content": ANON_PROMPT})["tokens"]
+        assert len(tokens) >= 44
+        once = {"temperature": 0, "cache_prompt": False, "ignore_eos": True}
+        _post(port, "/completion", {"prompt": tokens[:4], "n_predict": 24, **once})
+        _post(port, "/completion", {"prompt": tokens[4:44], "n_predict": 1, **once})
+    text = log.read_text()
+    m = GIVEN_BACK.search(text)
+    assert m, text[-2000:]
+    assert int(m.group(1)) == 1  # counted only where something was held
 
 
 def test_keep_anon_holds_nothing_new_in_a_ubatch_larger_than_any_before():

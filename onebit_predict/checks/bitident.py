@@ -98,7 +98,7 @@ class Scenario:
 
     name: str
     settings: ContextSettings
-    feed: str  # "decode", "two-seqs" or "save-restore"
+    feed: str  # "decode", "two-seqs", "save-restore", "big-prompt" or "next-request"
 
 
 SCENARIOS: tuple[Scenario, ...] = (
@@ -108,6 +108,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario("two sequences", ContextSettings(n_ubatch=8, n_threads=2, n_seq_max=2), "two-seqs"),
     Scenario("save+restore", ContextSettings(n_ubatch=8, n_threads=2), "save-restore"),
     Scenario("prompt in ubatches of 64", ContextSettings(n_batch=N_PROMPT_BIG, n_ubatch=64, n_threads=2), "big-prompt"),
+    Scenario("a server's next request", ContextSettings(n_ubatch=8, n_threads=2), "next-request"),
 )
 
 
@@ -163,6 +164,22 @@ def _feed_big_prompt(ctx: Context, out: RunOutput, toks: list[int]) -> None:
         _decode(ctx, out, [toks[N_PROMPT_BIG + i]], [N_PROMPT_BIG + i], [0])
 
 
+def _feed_next_request(ctx: Context, out: RunOutput, toks: list[int]) -> None:
+    # a server's next request: a 2-token prompt, tokens decoded one at a time (keep anon's slots fill), then a
+    # prompt whose first ubatch is larger than any before (keep anon gives everything back before it), then
+    # one at a time again
+    _decode(ctx, out, toks[:2], range(2), [0, 0])
+    n = 2
+    for _ in range(N_DECODE):
+        _decode(ctx, out, [toks[n]], [n], [0])
+        n += 1
+    _decode(ctx, out, toks[n : n + N_PREFILL], range(n, n + N_PREFILL), [0] * N_PREFILL)
+    n += N_PREFILL
+    for _ in range(N_DECODE // 2):
+        _decode(ctx, out, [toks[n]], [n], [0])
+        n += 1
+
+
 def _feed_two_seqs(ctx: Context, out: RunOutput, toks: list[int]) -> None:
     # both prompts in one batch, interleaved, then both sequences step together
     a, b = toks[:N_PREFILL], toks[N_PREFILL : 2 * N_PREFILL]
@@ -194,6 +211,7 @@ FEEDS: dict[str, Callable[[Context, RunOutput, list[int]], None]] = {
     "two-seqs": _feed_two_seqs,
     "save-restore": _feed_save_restore,
     "big-prompt": _feed_big_prompt,
+    "next-request": _feed_next_request,
 }
 
 
@@ -514,6 +532,9 @@ def check_model(
                 if problem is None and spec.anon and sc.feed == "big-prompt" and out.stats["keep_streamed"] == 0:
                     # ubatches of 64 route more of a layer than the LRU's share of 6 experts: keep anon streams it
                     problem = "ONEBIT_MOE_PREFETCH_KEEP=anon: no batch streamed a layer in ubatches of 64"
+                if problem is None and spec.anon and sc.feed == "next-request" and out.stats["keep_given_back"] == 0:
+                    # the decode held experts, and the prompt's first ubatch is larger than any before
+                    problem = "ONEBIT_MOE_PREFETCH_KEEP=anon: nothing given back before a ubatch larger than any before"
                 mismatch = first_mismatch(ref.rows, out.rows)
                 results.append(ModeResult(sc.name, mode, ran, mismatch, predicted, problem))
                 reordered[mode] = reordered.get(mode, 0) + (out.stats or {}).get("order_reordered", 0)

@@ -45,6 +45,7 @@ class OnebitMoeStats(ctypes.Structure):
         *((f"layers_{name}", _u64) for name in ("ops", "bytes", "cut")),
         ("order_waiting", _u64),
         ("keep_streamed", _u64),
+        ("keep_given_back", _u64),
     ]
 
 
