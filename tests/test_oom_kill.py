@@ -57,6 +57,28 @@ def test_oom_kills_read_from_the_groups_events(tmp_path, monkeypatch, layout, ev
     assert group.oom_kills() == 2
 
 
+@pytest.mark.parametrize(
+    "layout, text",
+    [
+        ("v2", "anon 33554432\nfile 157286400\nshmem 16777216\n"),
+        ("v1", "cache 157286400\nrss 33554432\nshmem 16777216\nmapped_file 0\n"),
+    ],
+)
+def test_memory_read_from_the_groups_stat_by_v1_names(tmp_path, monkeypatch, layout, text):
+    monkeypatch.setattr(cgroup.os, "geteuid", lambda: 0)
+    if layout == "v2":
+        (tmp_path / "cgroup.controllers").write_text("cpu memory io\n")
+    else:
+        (tmp_path / "memory").mkdir()
+        (tmp_path / "memory" / "memory.limit_in_bytes").write_text("max\n")
+    group = MemoryCgroup("onebit-bench-1", 64 << 20, root=tmp_path)
+    (group.path / "memory.stat").write_text(text)
+    assert group.memory_mib() == {"shmem": 16, "cache": 150, "rss": 32}
+    (group.path / "memory.stat").write_text(text.replace("shmem", "shmem_other"))
+    with pytest.raises(CgroupError, match="has no shmem"):
+        group.memory_mib()
+
+
 def test_a_real_group_counts_the_kill_of_a_process_that_outgrows_it():
     """Root, a memory controller: a process that allocates 256 MiB in a 32 MiB group is killed, and the
     group says its OOM killer did it."""

@@ -37,7 +37,7 @@ from onebit_predict.constants import (
     PREFETCH_THREADS_DEFAULT,
 )
 from onebit_predict.gguf_experts import read_experts
-from onebit_predict.llama.evict import EVICTED_ENOUGH, ExpertPages, expert_spans
+from onebit_predict.llama.evict import EVICTED_ENOUGH, ExpertPages, expert_spans, random_read_kib
 from onebit_predict.llama.runner import Context, ContextSettings, Model, builtin_tokens
 from onebit_predict.trace import Trace
 
@@ -165,20 +165,6 @@ def test_route_time_reads_the_routed_experts_alone(tiny_model, tmp_path, capfd):
     assert stats["route_experts"] > 0 and stats["route_bytes"] > 0 and stats["prefetch_failed"] == 0
     err = capfd.readouterr().err
     assert "reads at route time" in err and "readahead off on the experts (MADV_RANDOM)" in err
-
-
-def random_read_kib(path: Path) -> int:
-    """KiB of this process's mappings of path that carry the random-read advice (smaps' VmFlags "rr")."""
-    total, mapped, size = 0, False, 0
-    for line in Path("/proc/self/smaps").read_text().splitlines():
-        fields = line.split()
-        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-            mapped = len(fields) >= 6 and Path(fields[5]) == path.resolve()
-        elif mapped and fields[0] == "Size:":
-            size = int(fields[1])
-        elif mapped and fields[0] == "VmFlags:" and "rr" in fields[1:]:
-            total += size
-    return total
 
 
 @pytest.mark.parametrize("room, reads", [("1000", False), ("0", True)], ids=["held-off", "reads"])

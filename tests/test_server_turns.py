@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from onebit_predict.constants import EXIT_USAGE
-from tools.server_turns import random_read_kib, summary
+from onebit_predict.llama.evict import random_read_kib
+from tools.server_turns import summary
 
 REPO = Path(__file__).resolve().parent.parent
 TOOL = REPO / "tools" / "server_turns.py"
@@ -24,10 +25,10 @@ def test_random_read_kib_counts_the_advised_mapping_only(tmp_path):
     path = tmp_path / "model.gguf"
     path.write_bytes(b"\0" * (64 << 10))
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
-        assert random_read_kib(os.getpid(), path) == 0
+        assert random_read_kib(path, os.getpid()) == 0
         m.madvise(mmap.MADV_RANDOM, 0, 32 << 10)  # half of it: the kernel splits the mapping there
-        assert random_read_kib(os.getpid(), path) == 32
-        assert random_read_kib(os.getpid(), tmp_path / "other.gguf") == 0
+        assert random_read_kib(path, os.getpid()) == 32
+        assert random_read_kib(tmp_path / "other.gguf", os.getpid()) == 0
 
 
 def run_of(config: str, prompt: float, after: float, requests: int, read_mib: float, error: str | None = None) -> dict:
@@ -67,25 +68,24 @@ def test_summary_says_where_no_run_completed():
     assert lines[2].startswith("| off | 0 |")
 
 
+def run_tool(*args: object) -> subprocess.CompletedProcess:
+    """``python tools/server_turns.py ARGS``, with this checkout's package first on the path."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=60)  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "args, words",
     [(["--configs", "off;route"], "--configs takes"), (["--configs", ";"], "nothing to run")],
 )
 def test_bad_arguments_exit_2(tmp_path, args, words):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run(
-        [sys.executable, str(TOOL), str(tmp_path / "m.gguf"), "--limit-mib", "100", *args],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
+    p = run_tool(tmp_path / "m.gguf", "--limit-mib", "100", *args)
     assert p.returncode == EXIT_USAGE and words in p.stderr and "Traceback" not in p.stderr
 
 
 def test_a_missing_model_exits_2_with_its_name(tmp_path):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    p = subprocess.run(
-        [sys.executable, str(TOOL), str(tmp_path / "m.gguf"), "--limit-mib", "100"],
-        capture_output=True, text=True, env=env, timeout=60,
-    )  # fmt: skip
+    p = run_tool(tmp_path / "m.gguf", "--limit-mib", "100")
     assert p.returncode == EXIT_USAGE and "m.gguf" in p.stderr and "Traceback" not in p.stderr
 
 

@@ -38,8 +38,6 @@ from onebit_predict.llama.paths import build_info
 MIB = 1 << 20
 SAMPLE_S = 0.1
 PROMPT = Path(__file__).resolve().parent.parent / "models" / "heldout.txt"
-# memory.stat's names for the figures sampled: (shmem, the page cache with shmem, anonymous) in v1 and v2
-STAT_KEYS = {1: ("shmem", "cache", "rss"), 2: ("shmem", "file", "anon")}
 OTHER = "import time; b = bytearray({n} << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep({hold})"
 
 
@@ -48,18 +46,9 @@ def flags(keep: str) -> list[str]:
     return ["--moe-prefetch", "pread", "--moe-prefetch-random", *out] if keep == "anon" else out
 
 
-def sample(group: Path, version: int, t: float) -> dict[str, float]:
-    stat = dict(line.split()[:2] for line in (group / "memory.stat").read_text().splitlines())
-    missing = [n for n in STAT_KEYS[version] if n not in stat]
-    if missing:
-        raise CgroupError(f"{group / 'memory.stat'} has no {', '.join(missing)}")
-    return {"t": round(t, 2), **{k: int(stat[n]) // MIB for k, n in zip(STAT_KEYS[1], STAT_KEYS[version])}}
-
-
 def run(args: argparse.Namespace) -> dict:
     build = args.bin or build_info().build_dir / "bin"
     cg = MemoryCgroup(f"onebit-pressure-{os.getpid()}", args.limit_mib * MIB)
-    version = 1 if cg.events_file == "memory.oom_control" else 2
     try:
         drop_file(args.model)
         cmd = [str(build / "llama-completion"), "-m", str(args.model), "-p", PROMPT.read_text()[: args.prompt_chars],
@@ -77,7 +66,7 @@ def run(args: argparse.Namespace) -> dict:
                 if args.other and other is None and t >= args.other_at:
                     code = OTHER.format(n=args.other, hold=args.other_hold)
                     other = subprocess.Popen([sys.executable, "-c", code], preexec_fn=enter)
-                samples.append(sample(cg.path, version, t))
+                samples.append({"t": round(t, 2), **cg.memory_mib()})
                 time.sleep(SAMPLE_S)
             log.seek(0)
             stderr = log.read()

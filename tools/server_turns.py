@@ -43,7 +43,7 @@ from pathlib import Path
 from onebit_predict.constants import ENV_STATS, EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from onebit_predict.llama.cgroup import CgroupError, MemoryCgroup, join
 from onebit_predict.llama.diskstats import model_disk, read_diskstats
-from onebit_predict.llama.evict import EvictError, require_evicted
+from onebit_predict.llama.evict import EvictError, random_read_kib, require_evicted
 from onebit_predict.llama.paths import build_info
 from onebit_predict.llama.read_ahead import ReadAhead, ReadAheadError, block_device
 
@@ -52,8 +52,6 @@ TEXT = Path(__file__).resolve().parent.parent / "models" / "heldout.txt"
 SHORT_TOKENS = 16
 START_S = 120.0
 TURN_S = 600.0
-# memory.stat's names for the figures read: (shmem, the page cache with shmem, anonymous) in v1 and v2
-STAT_KEYS = {1: ("shmem", "cache", "rss"), 2: ("shmem", "file", "anon")}
 ROUTE = ["--moe-prefetch-route", "--moe-prefetch-order", "hits"]
 CONFIGS = {
     "off": [],
@@ -98,26 +96,6 @@ def wait_healthy(port: int, server: subprocess.Popen) -> None:
     raise TurnError(f"llama-server not ready after {START_S:.0f} s")
 
 
-def memory_stat(group: Path, version: int) -> dict[str, int]:
-    stat = dict(line.split()[:2] for line in (group / "memory.stat").read_text().splitlines())
-    return {k: int(stat.get(n, 0)) // MIB for k, n in zip(STAT_KEYS[1], STAT_KEYS[version])}
-
-
-def random_read_kib(pid: int, model: Path) -> int:
-    """KiB of the process's mappings of the model that carry the random-read advice (smaps' VmFlags "rr"):
-    what a fault there reads a page at a time."""
-    total, mapped, size, target = 0, False, 0, str(model.resolve())
-    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
-        fields = line.split()
-        if fields and "-" in fields[0] and not fields[0].endswith(":"):
-            mapped = len(fields) >= 6 and fields[5] == target
-        elif mapped and fields[0] == "Size:":
-            size = int(fields[1])
-        elif mapped and fields[0] == "VmFlags:" and "rr" in fields[1:]:
-            total += size
-    return total
-
-
 def cpu_s(pid: int) -> float:
     """The process's CPU seconds so far, every thread's, user and system (/proc/PID/stat's utime and stime)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -154,7 +132,6 @@ def one_server(args: argparse.Namespace, name: str, build: Path, label: str) -> 
     """One configuration's server (``build``'s llama-server) in its own cgroup: its three turns' timings and
     memory, under ``label``."""
     cg = MemoryCgroup(f"onebit-turns-{os.getpid()}", args.limit_mib * MIB)
-    version = 1 if cg.events_file == "memory.oom_control" else 2
     port = free_port()
     cmd = [str(build / "llama-server"), "-m", str(args.model), "-t", "1", "-c", str(args.ctx), "-b", str(args.ubatch),
            "-ub", str(args.ubatch), "-np", "1", "--no-repack", "--host", "127.0.0.1", "--port", str(port),
@@ -180,8 +157,8 @@ def one_server(args: argparse.Namespace, name: str, build: Path, label: str) -> 
                     read = after.minus(before) if before and after else None
                     out["turns"].append({"prompt_n": t["prompt_n"], "prompt_tok_s": t["prompt_per_second"],
                                          "predicted_n": t["predicted_n"], "decode_tok_s": t["predicted_per_second"],
-                                         **{f"{k}_mib": v for k, v in memory_stat(cg.path, version).items()},
-                                         "random_kib": random_read_kib(server.pid, args.model),
+                                         **{f"{k}_mib": v for k, v in cg.memory_mib().items()},
+                                         "random_kib": random_read_kib(args.model, server.pid),
                                          "read_mib": read and read.sectors * 512 / MIB,
                                          "read_requests": read and read.reads,
                                          "cpu_s": round(cpu_s(server.pid) - cpu0, 3)})  # fmt: skip

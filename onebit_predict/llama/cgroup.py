@@ -21,6 +21,9 @@ from pathlib import Path
 from . import run_state
 
 ROOT = Path("/sys/fs/cgroup")
+# memory.stat's names, by the version's events file, for (shmem: keep anon's memfd slots; the page cache, shmem
+# included; anonymous memory), returned under v1's names
+STAT_NAMES = {"memory.oom_control": ("shmem", "cache", "rss"), "memory.events": ("shmem", "file", "anon")}
 
 
 class CgroupError(RuntimeError):
@@ -59,6 +62,17 @@ class MemoryCgroup:
             if key == "oom_kill" and value.strip().isdigit():
                 return int(value)
         return 0
+
+    def memory_mib(self) -> dict[str, int]:
+        """The group's ``shmem``, ``cache`` (the page cache, shmem included) and ``rss`` (anonymous) now, in MiB
+        (v2's ``shmem``, ``file`` and ``anon``); CgroupError where its memory.stat lacks one."""
+        stat_file = self.path / "memory.stat"
+        stat = dict(line.split()[:2] for line in _read(stat_file).splitlines() if line.strip())
+        names = STAT_NAMES[self.events_file]
+        missing = [n for n in names if n not in stat]
+        if missing:
+            raise CgroupError(f"{stat_file} has no {', '.join(missing)}")
+        return {k: int(stat[n]) // 2**20 for k, n in zip(STAT_NAMES["memory.oom_control"], names)}
 
     def remove(self) -> None:
         try:

@@ -20,6 +20,9 @@ and:
 page of it may be left resident (:func:`resident_expert_bytes`, mincore on a mapping of its own),
 else :class:`EvictionNotHeld` (exit 1) names the run and the bytes.
 
+:func:`random_read_kib` reads which of a process's mappings of a file carry the random-read advice
+(smaps' ``rr``): where a fault reads a page at a time.
+
 Linux only; everything else raises EvictError with the reason.
 """
 
@@ -209,6 +212,20 @@ class ExpertPages:
             else ""
         )
         raise EvictError("no eviction method works here: " + "; ".join(notes) + hint)
+
+
+def random_read_kib(path: Path, pid: int | str = "self") -> int:
+    """KiB of process ``pid``'s mappings of ``path`` that carry the random-read advice (smaps' VmFlags "rr")."""
+    total, mapped, size, target = 0, False, 0, Path(path).resolve()
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            mapped = len(fields) >= 6 and Path(fields[5]) == target
+        elif mapped and fields[0] == "Size:":
+            size = int(fields[1])
+        elif mapped and fields[0] == "VmFlags:" and "rr" in fields[1:]:
+            total += size
+    return total
 
 
 def _libc() -> ctypes.CDLL:
