@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,6 +38,17 @@ def test_a_sigkill_with_an_oom_kill_counted_is_named_by_it():
     assert why_killed(bus, "x", None, _Group(1)) is bus  # another signal is not the OOM killer's
 
 
+def stand_in_group(root: Path, monkeypatch: pytest.MonkeyPatch, layout: str) -> MemoryCgroup:
+    """A group made under a stand-in cgroup tree of ``layout`` (v1 or v2) at ``root``, as root."""
+    monkeypatch.setattr(cgroup.os, "geteuid", lambda: 0)
+    if layout == "v2":
+        (root / "cgroup.controllers").write_text("cpu memory io\n")
+    else:
+        (root / "memory").mkdir()
+        (root / "memory" / "memory.limit_in_bytes").write_text("max\n")
+    return MemoryCgroup("onebit-bench-1", 64 << 20, root=root)
+
+
 @pytest.mark.parametrize(
     "layout, events, text",
     [
@@ -45,13 +57,7 @@ def test_a_sigkill_with_an_oom_kill_counted_is_named_by_it():
     ],
 )
 def test_oom_kills_read_from_the_groups_events(tmp_path, monkeypatch, layout, events, text):
-    monkeypatch.setattr(cgroup.os, "geteuid", lambda: 0)
-    if layout == "v2":
-        (tmp_path / "cgroup.controllers").write_text("cpu memory io\n")
-    else:
-        (tmp_path / "memory").mkdir()
-        (tmp_path / "memory" / "memory.limit_in_bytes").write_text("max\n")
-    group = MemoryCgroup("onebit-bench-1", 64 << 20, root=tmp_path)
+    group = stand_in_group(tmp_path, monkeypatch, layout)
     assert group.oom_kills() == 0  # no events file yet: none counted
     (group.path / events).write_text(text)
     assert group.oom_kills() == 2
@@ -65,13 +71,7 @@ def test_oom_kills_read_from_the_groups_events(tmp_path, monkeypatch, layout, ev
     ],
 )
 def test_memory_read_from_the_groups_stat_by_v1_names(tmp_path, monkeypatch, layout, text):
-    monkeypatch.setattr(cgroup.os, "geteuid", lambda: 0)
-    if layout == "v2":
-        (tmp_path / "cgroup.controllers").write_text("cpu memory io\n")
-    else:
-        (tmp_path / "memory").mkdir()
-        (tmp_path / "memory" / "memory.limit_in_bytes").write_text("max\n")
-    group = MemoryCgroup("onebit-bench-1", 64 << 20, root=tmp_path)
+    group = stand_in_group(tmp_path, monkeypatch, layout)
     (group.path / "memory.stat").write_text(text)
     assert group.memory_mib() == {"shmem": 16, "cache": 150, "rss": 32}
     (group.path / "memory.stat").write_text(text.replace("shmem", "shmem_other"))
